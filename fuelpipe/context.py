@@ -1,0 +1,191 @@
+"""InferenceContext: the persistent decode state for one model, and the generate loop.
+
+The obvious loop is the fast one: ``ctx.generate(prompt_ids, 32)`` (or
+``ctx.prefill`` then ``ctx.decode`` per token) reuses the held plan without
+the caller knowing the word. Several requests may share one context, each
+with its own cache; the held plan follows the cache it is asked to serve,
+rebinding after a guarded check or rebuilding when the check refuses.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
+from fuelpipe.driver import HeldPlan, PlanMode
+from fuelpipe.errors import ConfigError, InputError
+from fuelpipe.faults import Fault
+from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.token_data import TokenHostData, compute_token_host
+from fuelpipe.rope import RopePlan, rope_tables
+from fuelpipe.sampling import Sampler, greedy
+from fuelpipe.step import step_module_for
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    tokens: list[int]
+    logits: list[torch.Tensor] = field(default_factory=list)  # per generated token, [vocab] f32
+    prefill_s: float = 0.0
+    decode_s: list[float] = field(default_factory=list)  # per decode step
+
+    @property
+    def ms_per_token(self) -> float:
+        steps = self.decode_s[1:] or self.decode_s
+        return 1000.0 * sum(steps) / max(1, len(steps))
+
+
+class InferenceContext:
+    def __init__(
+        self,
+        model: DecodeBackbone,
+        backend: BackendSpec | str = "fx",
+        plan: PlanMode | str = PlanMode.PLAN_ONCE,
+        *,
+        offset_mode: Optional[str] = None,
+        fault: Fault = Fault.NONE,
+    ) -> None:
+        if not isinstance(model, DecodeBackbone):
+            raise ConfigError(f"InferenceContext needs a DecodeBackbone model, got {type(model).__name__}")
+        spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
+        mode = offset_mode or model.offset_mode
+        if mode not in OFFSET_MODES:
+            raise ConfigError(f"offset_mode must be one of {list(OFFSET_MODES)}, got {mode!r}")
+        self.model = model
+        self.offset_mode = mode
+        self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, fault)
+        self._rope_plan = model.rope_plan
+        self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._prefill_step = step_module_for(model, mode)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+
+    # ---- RoPE: per-token data, never part of the plan key --------------------------------
+    @property
+    def rope_plan(self) -> RopePlan:
+        return self._rope_plan
+
+    def set_rope_plan(self, plan: RopePlan) -> None:
+        """Change RoPE frequencies/scaling. The held plan stays valid: rows are rebound per token."""
+        if plan.rotary_dim != self.model.rope_plan.rotary_dim or len(plan.layer_spec) != self.model.dims.n_layers:
+            raise ConfigError(
+                f"set_rope_plan: rotary_dim {plan.rotary_dim} / layers {len(plan.layer_spec)} must match the "
+                f"model's {self.model.rope_plan.rotary_dim} / {self.model.dims.n_layers}"
+            )
+        self._rope_plan = plan
+        self._tables = None
+
+    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tables is None:
+            self._tables = rope_tables(self._rope_plan, self.model.dims.max_position_embeddings)
+        return self._tables
+
+    # ---- caches --------------------------------------------------------------------------
+    def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
+        d = self.model.dims
+        if max_seq_len > d.max_position_embeddings:
+            raise ConfigError(
+                f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
+            )
+        return ContiguousKvCache.with_capacity(
+            d.n_layers, d.n_kv_heads, d.head_dim, max_seq_len, dtype or self.dtype, self.device
+        )
+
+    # ---- steps ---------------------------------------------------------------------------
+    def _host(self, cache: ContiguousKvCache, token_ids: torch.Tensor) -> TokenHostData:
+        if token_ids.dim() != 2 or token_ids.shape[0] != 1 or token_ids.shape[1] < 1:
+            raise InputError(f"token_ids must have shape [1, T>=1], got {list(token_ids.shape)}")
+        vocab = self.model.dims.vocab_size
+        lo, hi = int(token_ids.min()), int(token_ids.max())
+        if lo < 0 or hi >= vocab:
+            raise InputError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
+        cache.check_room(cache.cached_len, token_ids.shape[1])
+        cos, sin = self._rope_tables()
+        return compute_token_host(
+            token_ids.to(torch.int64), cos, sin, self.model.mask_plan, cache.cached_len, cache.max_seq_len, self.dtype
+        )
+
+    @torch.no_grad()
+    def prefill(self, cache: ContiguousKvCache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Run the prompt through the eager step (T positions at once). Returns last logits [1, vocab] f32."""
+        ids = _as_ids(token_ids)
+        host = self._host(cache, ids)
+        dev = self.device
+        cos, sin = host.rope_cos.to(dev, self.dtype), host.rope_sin.to(dev, self.dtype)
+        kv = cache.bound_tensors()
+        if self.offset_mode == "tensor":
+            logits = self._prefill_step(ids.to(dev), cos, sin, host.mask.to(dev), host.write_index.to(dev), kv)
+        else:
+            logits = self._prefill_step(ids.to(dev), cos, sin, host.mask.to(dev), host.cached_len, host.attended_len, kv)
+        cache.advance(ids.shape[1])
+        cache.bump_all_versions()
+        return logits
+
+    @torch.no_grad()
+    def decode(self, cache: ContiguousKvCache, token_id: int | torch.Tensor) -> torch.Tensor:
+        """One decode token through the held plan. Returns logits [1, vocab] f32."""
+        ids = _as_ids([int(token_id)] if not isinstance(token_id, torch.Tensor) else token_id.reshape(1, 1))
+        host = self._host(cache, ids)
+        logits = self.plan.step(self.model, cache, host)
+        cache.advance(1)
+        cache.bump_all_versions()
+        return logits
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        sampler: Sampler = greedy,
+        cache: Optional[ContiguousKvCache] = None,
+        max_seq_len: Optional[int] = None,
+        stop_ids: Sequence[int] = (),
+        on_token: Optional[Callable[[int], None]] = None,
+        keep_logits: bool = False,
+    ) -> GenerationResult:
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InputError("generate: the prompt must hold at least one token")
+        if max_new_tokens < 0:
+            raise InputError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        need = len(prompt) + max_new_tokens
+        if cache is None:
+            cache = self.new_cache(max_seq_len or need)
+        elif cache.max_seq_len is None or cache.max_seq_len - cache.cached_len < need:
+            raise InputError(
+                f"generate: needs {need} free positions, cache has {cache.max_seq_len} - {cache.cached_len} used"
+            )
+        result = GenerationResult(prompt, [])
+        t0 = time.perf_counter()
+        logits = self.prefill(cache, prompt)
+        result.prefill_s = time.perf_counter() - t0
+        for i in range(max_new_tokens):
+            token = sampler(logits)
+            result.tokens.append(token)
+            if keep_logits:
+                result.logits.append(logits[0].clone())
+            if on_token is not None:
+                on_token(token)
+            if token in stop_ids or i == max_new_tokens - 1:
+                break
+            t0 = time.perf_counter()
+            logits = self.decode(cache, token)
+            result.decode_s.append(time.perf_counter() - t0)
+        return result
+
+
+def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    if isinstance(token_ids, torch.Tensor):
+        t = token_ids
+        if t.dtype.is_floating_point:
+            raise InputError(f"token ids must be integers, got dtype {t.dtype}")
+        return t.reshape(1, -1) if t.dim() <= 1 else t
+    ids = list(token_ids)
+    if not all(isinstance(i, int) for i in ids):
+        raise InputError("token ids must be Python ints")
+    return torch.tensor([ids], dtype=torch.int64)

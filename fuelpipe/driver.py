@@ -1,0 +1,138 @@
+"""The one shared decode driver: build, reuse, rebind or rebuild a held plan, for every family.
+
+Nothing here knows which family it is driving; it sees a ``DecodeBackbone``
+and a KV cache. Plan modes:
+
+* ``replan``    build (trace, optimise, compile) a fresh program every token, run it, discard it.
+* ``plan_once`` build once, hold it, rebind only per-token data; rebind or rebuild on a key change.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from fuelpipe.backbone import DecodeBackbone
+from fuelpipe.errors import ConfigError
+from fuelpipe.faults import Fault
+from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.plan.backends import BackendSpec, build_program
+from fuelpipe.plan.session import DecodeSession
+from fuelpipe.plan.token_data import StepBuffers, TokenHostData
+from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
+from fuelpipe.step import step_module_for
+
+
+class PlanMode(enum.Enum):
+    REPLAN = "replan"
+    PLAN_ONCE = "plan_once"
+
+    @classmethod
+    def parse(cls, value: "PlanMode | str") -> "PlanMode":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"plan mode must be one of {[m.value for m in cls]}, got {value!r}") from None
+
+
+@dataclass
+class PlanStats:
+    """What the driver did, for accounting oracles and reports."""
+
+    builds: int = 0
+    rebinds: int = 0
+    refusals: list[str] = field(default_factory=list)
+    build_s: float = 0.0
+    last_validity: Optional[PlanValidity] = None
+
+
+def live_key(backbone: DecodeBackbone, cache: ContiguousKvCache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:
+    """The key the live (model, cache, step) would need a plan to have."""
+    return PlanKey(
+        geometry=(("seq", seq), ("max_seq_len", cache.max_seq_len)),
+        n_layers=cache.n_layers,
+        cache_dtype=cache.dtype,
+        shape_key=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.shape_key(),
+        weights_version=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.weights_version(),
+        alloc_id=None if fault is Fault.IGNORE_ALLOCATION else cache.alloc_id,  # type: ignore[arg-type]
+    )
+
+
+def build_session(
+    backbone: DecodeBackbone,
+    cache: ContiguousKvCache,
+    spec: BackendSpec,
+    offset_mode: str,
+    host: TokenHostData,
+    key: PlanKey,
+    fault: Fault = Fault.NONE,
+) -> DecodeSession:
+    passes = spec.fx_passes
+    if fault is Fault.NAIVE_DCE:
+        passes = tuple("naive_eliminate_dead_code" if p == "eliminate_dead_code_keeping_writes" else p for p in passes)
+        spec = BackendSpec(spec.name, passes, spec.cache_policy)
+    program = build_program(spec, step_module_for(backbone, offset_mode), offset_mode)
+    device = cache.layer(0).k.device
+    buffers = StepBuffers(host, cache.dtype, device)
+    return DecodeSession(
+        program,
+        key,
+        cache.bound_tensors(),
+        cache.device_location,
+        buffers,
+        offset_mode,
+        stale_offset=fault is Fault.STALE_OFFSET,
+    )
+
+
+class HeldPlan:
+    """Owns at most one held DecodeSession and applies the plan mode's reuse rules."""
+
+    def __init__(self, spec: BackendSpec, mode: PlanMode, offset_mode: str, fault: Fault = Fault.NONE) -> None:
+        self.spec = spec
+        self.mode = mode
+        self.offset_mode = offset_mode
+        self.fault = fault
+        self.session: Optional[DecodeSession] = None
+        self.stats = PlanStats()
+
+    def drop(self) -> None:
+        self.session = None
+
+    def _build_and_run(self, backbone, cache, host, key) -> torch.Tensor:
+        t0 = time.perf_counter()
+        session = build_session(backbone, cache, self.spec, self.offset_mode, host, key, self.fault)
+        logits = session.realize_first(host)
+        self.stats.builds += 1
+        self.stats.build_s += time.perf_counter() - t0
+        self.session = session
+        return logits
+
+    def step(self, backbone: DecodeBackbone, cache: ContiguousKvCache, host: TokenHostData) -> torch.Tensor:
+        key = live_key(backbone, cache, host.seq, self.fault)
+        if self.mode is PlanMode.REPLAN or self.fault is Fault.REBUILD_EVERY_TOKEN:
+            self.session = None
+            logits = self._build_and_run(backbone, cache, host, key)
+            if self.mode is PlanMode.REPLAN:
+                self.session = None  # replan discards the program after use
+            return logits
+        session = self.session
+        if session is None:
+            return self._build_and_run(backbone, cache, host, key)
+        validity = session.validity_for(key)
+        self.stats.last_validity = validity
+        if validity is PlanValidity.ALLOCATION_CHANGED:
+            try:
+                session.rebind_kv(cache)
+                self.stats.rebinds += 1
+                validity = PlanValidity.VALID
+            except RebindRefused as refused:
+                self.stats.refusals.append(str(refused.refusal))
+        if validity is not PlanValidity.VALID:
+            return self._build_and_run(backbone, cache, host, key)
+        return session.realize_token(host)

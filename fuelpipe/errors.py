@@ -1,0 +1,42 @@
+"""Typed errors. Each names the constraint that was violated and the offending value."""
+from __future__ import annotations
+
+
+class FuelpipeError(Exception):
+    """Base class for every error fuelpipe raises on purpose."""
+
+
+class ConfigError(FuelpipeError, ValueError):
+    """A configuration value or combination is invalid."""
+
+
+class KvCacheError(FuelpipeError, ValueError):
+    """A KV-cache operation was refused; the cache is unchanged."""
+
+
+class KvCapacityError(KvCacheError):
+    """A request does not fit the cache's fixed capacity."""
+
+
+class KvByteLengthError(KvCacheError):
+    """A host-bytes write carried the wrong number of bytes."""
+
+
+class KvNoCapacityError(KvCacheError):
+    """The cache has no fixed capacity/dtype, so it has no stable buffer to write into."""
+
+
+class KvLayerError(KvCacheError):
+    """A layer or slot index is out of range or unpopulated."""
+
+
+class PlanError(FuelpipeError, RuntimeError):
+    """A held plan cannot serve the requested step."""
+
+
+class StalePlanError(PlanError):
+    """A held plan was asked to run against a model or cache it does not match."""
+
+
+class InputError(FuelpipeError, ValueError):
+    """Bad user input (token ids, lengths, prompts)."""

@@ -1,0 +1,17 @@
+"""Deliberate faults, injected only by negative controls.
+
+Every oracle must be able to fail. These switches break the runtime in the
+exact ways the oracles exist to catch; they are never set by a normal config.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    STALE_OFFSET = "stale_offset"  # the held plan keeps the offset it was built with
+    IGNORE_MODEL_IDENTITY = "ignore_model_identity"  # validity ignores shape_key (reuse across models)
+    IGNORE_ALLOCATION = "ignore_allocation"  # validity ignores alloc_id (reuse across requests)
+    REBUILD_EVERY_TOKEN = "rebuild_every_token"  # plan_once silently rebuilds (over-keying)
+    NAIVE_DCE = "naive_dce"  # fx pass drops in-place KV writes as dead code

@@ -1,0 +1,64 @@
+"""Building blocks shared by model families: norms, gated MLPs, cached attention."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fuelpipe.backbone import LayerInputs
+from fuelpipe.rope import apply_rotary
+
+
+class RMSNorm(nn.Module):
+    """RMS norm computed in f32. ``unit_offset`` scales by (1 + w) (Gemma) instead of w."""
+
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        init = torch.zeros if unit_offset else torch.ones
+        self.weight = nn.Parameter(init(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (xf * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * xf.to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with act=silu, GeGLU with act=gelu(tanh)."""
+
+    def __init__(self, hidden: int, inter: int, act: str = "silu", bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias, device=device, dtype=dtype)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias, device=device, dtype=dtype)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias, device=device, dtype=dtype)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gate_proj(x)
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.down_proj(g * self.up_proj(x))
+
+
+def split_heads(x: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """[1, T, H*D] -> [1, H, T, D]."""
+    return x.view(1, -1, n_heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """[1, H, T, D] -> [1, T, H*D]."""
+    return x.transpose(1, 2).reshape(1, x.shape[2], -1)
+
+
+def cached_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: LayerInputs, scale: float, rotary_dim: int, head_dim: int
+) -> torch.Tensor:
+    """RoPE q/k, write k/v through the layer's KV view, attend. q [1,H,T,D], k/v [1,Hkv,T,D] -> [1,H,T,Dv]."""
+    q = apply_rotary(q, inputs.cos, inputs.sin, rotary_dim, head_dim)
+    k = apply_rotary(k, inputs.cos, inputs.sin, rotary_dim, head_dim)
+    keys, values, mask = inputs.kv.write_and_read(k, v, inputs.mask)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -1,0 +1,99 @@
+"""Optimisation passes over the traced decode-step graph.
+
+* ``fuse_sibling_linears``: linears that read the same input (q/k/v, gate/up)
+  become one matmul over concatenated weights followed by a split: fewer
+  dispatches and one pass over the input. The fused weights are copies made
+  at build time; the plan key carries the model's weights version so an
+  in-place weight update invalidates the plan instead of serving stale copies.
+* ``eliminate_dead_code_keeping_writes``: dead-code elimination that treats
+  in-place ops (KV writes) as side effects. torch.fx's default predicate
+  drops an in-place write whose result is unused; that would silently stop
+  the cache from being written (see the negative control in the tests).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+
+def is_inplace(node: fx.Node) -> bool:
+    if node.op == "call_method" and isinstance(node.target, str):
+        return node.target.endswith("_") and not node.target.endswith("__")
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        return name.endswith("_") and not name.endswith("__") or node.target is operator.setitem
+    return False
+
+
+def eliminate_dead_code_keeping_writes(gm: fx.GraphModule) -> int:
+    before = len(gm.graph.nodes)
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_inplace(n))
+    gm.recompile()
+    return before - len(gm.graph.nodes)
+
+
+def naive_eliminate_dead_code(gm: fx.GraphModule) -> int:
+    """torch.fx's default DCE. Kept only as the negative control the tests must catch."""
+    before = len(gm.graph.nodes)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return before - len(gm.graph.nodes)
+
+
+def _linear_of(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
+    if node.op != "call_module":
+        return None
+    mod = gm.get_submodule(node.target)
+    return mod if type(mod) is nn.Linear else None
+
+
+def fuse_sibling_linears(gm: fx.GraphModule) -> int:
+    """Fuse every group of >= 2 bias-compatible linears sharing one input. Returns groups fused."""
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        lin = _linear_of(gm, node)
+        if lin is not None and len(node.args) == 1 and not node.kwargs:
+            groups.setdefault(node.args[0], []).append(node)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    fused = 0
+    for src, nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        mods = [_linear_of(gm, n) for n in nodes]
+        has_bias = {m.bias is not None for m in mods}
+        kinds = {(m.in_features, m.weight.dtype, m.weight.device) for m in mods}
+        if len(has_bias) != 1 or len(kinds) != 1:
+            continue
+        nodes.sort(key=order.__getitem__)
+        sizes = [m.out_features for m in mods]
+        in_features, dtype, device = kinds.pop()
+        big = nn.Linear(in_features, sum(sizes), bias=has_bias.pop(), device="meta", dtype=dtype)
+        with torch.no_grad():
+            big.weight = nn.Parameter(torch.cat([m.weight for m in mods]).to(device), requires_grad=False)
+            if big.bias is not None:
+                big.bias = nn.Parameter(torch.cat([m.bias for m in mods]).to(device), requires_grad=False)
+        name = f"fused_linear_{fused}"
+        gm.add_submodule(name, big)
+        with gm.graph.inserting_before(nodes[0]):
+            out = gm.graph.call_module(name, (src,))
+            parts = gm.graph.call_function(torch.split, (out, sizes), {"dim": -1})
+            for i, node in enumerate(nodes):
+                piece = gm.graph.call_function(operator.getitem, (parts, i))
+                node.replace_all_uses_with(piece)
+        for node in nodes:
+            gm.graph.erase_node(node)
+        fused += 1
+    gm.graph.lint()
+    gm.recompile()
+    return fused
+
+
+DEFAULT_PASSES = ("fuse_sibling_linears", "eliminate_dead_code_keeping_writes")
+PASSES = {
+    "fuse_sibling_linears": fuse_sibling_linears,
+    "eliminate_dead_code_keeping_writes": eliminate_dead_code_keeping_writes,
+    "naive_eliminate_dead_code": naive_eliminate_dead_code,
+}

@@ -1,0 +1,158 @@
+"""DecodeSession: one held step program, its bound KV, and the key it is valid for."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from fuelpipe.plan.backends import StepProgram
+from fuelpipe.plan.token_data import StepBuffers, TokenHostData
+from fuelpipe.plan.validity import (
+    KvRebindSource,
+    PlanKey,
+    PlanValidity,
+    RebindRefusal,
+    RebindRefused,
+    RefusalReason,
+    StorageFingerprint,
+    interchangeable,
+)
+
+
+class DecodeSession:
+    """A built decode-step program held across tokens.
+
+    Only per-token data is rebound (into ``buffers``); weights are baked into
+    the program and the KV tensors in ``kv_bound`` are its bound state, written
+    in place each step. ``realize_count`` counts reused tokens (0 right after
+    the build), the device-independent plan-hit signal.
+    """
+
+    def __init__(
+        self,
+        program: StepProgram,
+        key: PlanKey,
+        kv_bound: list[torch.Tensor],
+        kv_location: Optional[torch.device],
+        buffers: StepBuffers,
+        offset_mode: str,
+        *,
+        stale_offset: bool = False,
+    ) -> None:
+        self.program = program
+        self._key = key
+        self._kv_bound = list(kv_bound)
+        self._kv_location = kv_location
+        self.buffers = buffers
+        self.offset_mode = offset_mode
+        self.realize_count = 0
+        self.build_s = program.trace_s
+        self._stale_offset = stale_offset
+        self._stale_ints: Optional[tuple[int, int]] = None
+
+    # ---- validity -------------------------------------------------------------------------
+    @property
+    def key(self) -> PlanKey:
+        return self._key
+
+    def validity_for(self, live: PlanKey) -> PlanValidity:
+        return self._key.compare(live)
+
+    def is_valid_for(self, live: PlanKey) -> bool:
+        return self.validity_for(live) is PlanValidity.VALID
+
+    # ---- guarded rebind -------------------------------------------------------------------
+    def rebind_kv(self, source: KvRebindSource) -> None:
+        """Re-point the plan's bound KV at ``source``'s storage, or raise ``RebindRefused``.
+
+        Checked against the tensors actually bound into this plan, not against
+        the cache's description of itself. Everything is staged before anything
+        is mutated, so a refusal leaves the plan exactly as it was.
+        Call only when ``validity_for`` answered ALLOCATION_CHANGED.
+        """
+        incoming_loc = source.rebind_location()
+        if incoming_loc is None or self._kv_location is None:
+            raise RebindRefused(RebindRefusal(RefusalReason.RESIDENCY_UNKNOWN))
+        if incoming_loc != self._kv_location:
+            raise RebindRefused(
+                RebindRefusal(RefusalReason.RESIDENCY_DIFFERS, baked=str(self._kv_location), incoming=str(incoming_loc))
+            )
+        staged: list[torch.Tensor] = []
+        n_layers = len(self._kv_bound) // 2
+        for layer in range(n_layers):
+            for which in (0, 1):
+                incoming = source.rebind_slot(layer, which)
+                if incoming is None:
+                    raise RebindRefused(RebindRefusal(RefusalReason.MISSING_SLOT, layer, which))
+                baked = self._kv_bound[2 * layer + which]
+                if baked is None:
+                    raise RebindRefused(RebindRefusal(RefusalReason.UNBAKED_SLOT, layer, which))
+                if not interchangeable(baked, incoming):
+                    raise RebindRefused(
+                        RebindRefusal(
+                            RefusalReason.STORAGE_DIFFERS,
+                            layer,
+                            which,
+                            baked=StorageFingerprint.of(baked).short(),
+                            incoming=StorageFingerprint.of(incoming).short(),
+                        )
+                    )
+                staged.append(incoming)
+        self._kv_bound = staged
+        self._key = _with_alloc(self._key, source.alloc_id)
+
+    def bound_kv(self) -> list[torch.Tensor]:
+        return list(self._kv_bound)
+
+    def _drop_bound_slot(self, layer: int, which: int) -> None:
+        """Test hook: simulate an internal inconsistency (a bound slot gone missing)."""
+        self._kv_bound[2 * layer + which] = None  # type: ignore[call-overload]
+
+    # ---- running --------------------------------------------------------------------------
+    def _call(self, host: TokenHostData) -> torch.Tensor:
+        b = self.buffers
+        b.load(host, stale_offset=self._stale_offset)
+        if self.offset_mode == "tensor":
+            return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, self._kv_bound)
+        cached_len, attended_len = host.cached_len, host.attended_len
+        if self._stale_offset:
+            if self._stale_ints is None:
+                self._stale_ints = (cached_len, attended_len)
+            cached_len, attended_len = self._stale_ints
+        return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, cached_len, attended_len, self._kv_bound)
+
+    def realize_first(self, host: TokenHostData) -> torch.Tensor:
+        """Run the build token (includes any lazy compilation, counted as build time)."""
+        t0 = time.perf_counter()
+        with self.program.first_call_context():
+            out = self._call(host)
+        if self.program.backend == "inductor":
+            self.build_s += time.perf_counter() - t0
+        return out
+
+    def realize_token(self, host: TokenHostData) -> torch.Tensor:
+        """Reuse the held plan for one more token."""
+        out = self._call(host)
+        self.realize_count += 1
+        return out
+
+    # ---- introspection --------------------------------------------------------------------
+    @property
+    def node_count(self) -> Optional[int]:
+        p = self.program
+        if p.backend == "fx":
+            return len(p.fn.graph.nodes)
+        if p.backend == "inductor":
+            return p.counter.node_count
+        return None
+
+    @property
+    def compiles(self) -> int:
+        return self.program.compiles
+
+
+def _with_alloc(key: PlanKey, alloc_id) -> PlanKey:
+    from dataclasses import replace
+
+    return replace(key, alloc_id=alloc_id)

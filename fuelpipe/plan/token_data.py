@@ -1,0 +1,71 @@
+"""Per-token host data, and the static buffers a held plan rebinds it into.
+
+``compute_token_host`` is the one shared function that turns (position, seq)
+into everything a step needs besides weights and KV: token ids, RoPE rows per
+distinct spec, the stacked mask variants, the write offset and both symbol
+bindings. ``StepBuffers`` are allocated once per held plan and overwritten in
+place every token, so the program always reads the same input tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fuelpipe.masks import MaskPlan, mask_variants
+
+
+@dataclass
+class TokenHostData:
+    token_ids: torch.Tensor  # [1, T] int64
+    rope_cos: torch.Tensor  # [n_specs, T, rot] f32
+    rope_sin: torch.Tensor  # [n_specs, T, rot] f32
+    mask: torch.Tensor  # [n_variants, 1, 1, T, S] model dtype
+    write_index: torch.Tensor  # [T] int64
+    cached_len: int
+    attended_len: int
+
+    @property
+    def seq(self) -> int:
+        return self.token_ids.shape[1]
+
+
+def compute_token_host(
+    token_ids: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    mask_plan: MaskPlan,
+    start: int,
+    width: int,
+    dtype: torch.dtype,
+) -> TokenHostData:
+    """Host data for queries at positions [start, start+T) over a cache of ``width`` positions."""
+    seq = token_ids.shape[1]
+    return TokenHostData(
+        token_ids=token_ids,
+        rope_cos=cos_table[:, start : start + seq],
+        rope_sin=sin_table[:, start : start + seq],
+        mask=mask_variants(mask_plan, start, seq, width, dtype),
+        write_index=torch.arange(start, start + seq, dtype=torch.int64),
+        cached_len=start,
+        attended_len=start + seq,
+    )
+
+
+class StepBuffers:
+    """The stable input tensors of one held plan (device-resident, fixed shapes)."""
+
+    def __init__(self, host: TokenHostData, dtype: torch.dtype, device: torch.device) -> None:
+        self.token_ids = torch.empty_like(host.token_ids, device=device)
+        self.rope_cos = torch.empty(host.rope_cos.shape, dtype=dtype, device=device)
+        self.rope_sin = torch.empty(host.rope_sin.shape, dtype=dtype, device=device)
+        self.mask = torch.empty(host.mask.shape, dtype=dtype, device=device)
+        self.write_index = torch.empty_like(host.write_index, device=device)
+
+    def load(self, host: TokenHostData, *, stale_offset: bool = False) -> None:
+        self.token_ids.copy_(host.token_ids, non_blocking=True)
+        self.rope_cos.copy_(host.rope_cos, non_blocking=True)
+        self.rope_sin.copy_(host.rope_sin, non_blocking=True)
+        self.mask.copy_(host.mask, non_blocking=True)
+        if not stale_offset:
+            self.write_index.copy_(host.write_index, non_blocking=True)

@@ -1,0 +1,80 @@
+"""The decode step every family runs: embed, per-layer apply, final norm + head.
+
+One function, ``run_step``, for all families and both offset paths. The two
+``nn.Module`` wrappers only fix the program's input signature so a backend
+(fx / inductor) sees stable, re-bindable inputs:
+
+    token_ids  [1, T]                      int64
+    rope_cos   [n_rope_specs, T, rot]      model dtype
+    rope_sin   [n_rope_specs, T, rot]      model dtype
+    mask       [n_mask_variants, 1, 1, T, S] model dtype (additive)
+    write_index [T] int64              (tensor-offset path)
+    cached_len, attended_len  int      (symbol path)
+    kv         [k0, v0, k1, v1, ...]   the KV buffers the program is bound to
+
+Weights are the program's baked state; KV buffers are its bound state and are
+written in place.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fuelpipe.backbone import DecodeBackbone, LayerInputs
+from fuelpipe.kv.views import SymbolOffsetKv, TensorOffsetKv
+
+
+def run_step(
+    backbone: DecodeBackbone,
+    token_ids: torch.Tensor,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    mask: torch.Tensor,
+    kv_views: list,
+) -> torch.Tensor:
+    """Logits of the last position, [1, vocab] f32."""
+    n_specs = len(backbone.rope_plan.specs)
+    cos = [rope_cos[i] for i in range(n_specs)]  # each [T, rot]
+    sin = [rope_sin[i] for i in range(n_specs)]
+    masks = [mask[i] for i in range(len(backbone.mask_plan.variants))]  # each [1, 1, T, S]
+    layer_spec = backbone.rope_plan.layer_spec
+    layer_variant = backbone.mask_plan.layer_variant
+    h = backbone.embed(token_ids)  # [1, T, hidden]
+    for i in range(backbone.dims.n_layers):
+        inputs = LayerInputs(
+            cos=cos[layer_spec[i]], sin=sin[layer_spec[i]], mask=masks[layer_variant[i]], kv=kv_views[i]
+        )
+        h = backbone.apply_layer(i, h, inputs)
+    logits = backbone.final(h[:, -1:, :])  # [1, 1, vocab]
+    return logits[:, 0, :].float()
+
+
+class TensorOffsetStep(nn.Module):
+    """Step program signature for the device-offset path (offset is a tensor input)."""
+
+    def __init__(self, backbone: DecodeBackbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
+        views = [TensorOffsetKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+
+
+class SymbolOffsetStep(nn.Module):
+    """Step program signature for the symbol path (offsets are per-pass host integers)."""
+
+    def __init__(self, backbone: DecodeBackbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, cached_len: int, attended_len: int, kv):
+        views = [
+            SymbolOffsetKv(kv[2 * i], kv[2 * i + 1], cached_len, attended_len)
+            for i in range(self.backbone.dims.n_layers)
+        ]
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+
+
+def step_module_for(backbone: DecodeBackbone, offset_mode: str) -> nn.Module:
+    return TensorOffsetStep(backbone) if offset_mode == "tensor" else SymbolOffsetStep(backbone)

@@ -1,0 +1,63 @@
+"""Llama configuration and the named sizes built from it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fuelpipe.errors import ConfigError
+from fuelpipe.rope import RopeScaling
+
+# Per-token data: these reach the step as RoPE rows and are not part of the plan key.
+ROPE_FIELDS = ("rope_theta", "rope_scaling", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: Optional[int] = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size ({self.hidden_size}) must divide by num_attention_heads "
+                f"({self.num_attention_heads}) when head_dim is not given"
+            )
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+def llama_tiny(**overrides) -> LlamaConfig:
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaConfig(**{**base, **overrides})
+
+
+def smollm2_135m(**overrides) -> LlamaConfig:
+    """SmolLM2-135M geometry: 30 layers, d=576, 9 heads, 3 KV heads, ffn 1536, vocab 49152, tied head."""
+    base = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
+                max_position_embeddings=8192, tie_word_embeddings=True)
+    return LlamaConfig(**{**base, **overrides})

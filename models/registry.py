@@ -1,0 +1,79 @@
+"""Family and named-size registry: the one place the framework looks a family up by name.
+
+A family registers its model class and its named config builders. Builders
+take every number as an argument (``LlamaConfig(...)``); named builders only
+fill in numbers (``llama_tiny()``).
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from fuelpipe.errors import ConfigError
+from fuelpipe.random_init import randomize
+
+
+@dataclass(frozen=True)
+class FamilyEntry:
+    name: str
+    model_cls: type
+    sizes: dict[str, Callable[..., object]]
+    is_mla: bool = False
+
+
+_FAMILIES: dict[str, FamilyEntry] = {}
+
+
+def register_family(entry: FamilyEntry) -> None:
+    if entry.name in _FAMILIES:
+        raise ConfigError(f"family {entry.name!r} is already registered")
+    _FAMILIES[entry.name] = entry
+
+
+def did_you_mean(kind: str, name: str, available) -> str:
+    options = sorted(available)
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r};{hint} available: {', '.join(options)}"
+
+
+def families() -> dict[str, FamilyEntry]:
+    _load_builtin()
+    return dict(_FAMILIES)
+
+
+def family(name: str) -> FamilyEntry:
+    fams = families()
+    if name not in fams:
+        raise ConfigError(did_you_mean("model family", name, fams))
+    return fams[name]
+
+
+def build_config(family_name: str, size: str, **overrides):
+    entry = family(family_name)
+    if size not in entry.sizes:
+        raise ConfigError(did_you_mean(f"{family_name} size", size, entry.sizes))
+    return entry.sizes[size](**overrides)
+
+
+def build_random_model(family_name: str, size: str, *, seed: int = 0, dtype=torch.float32, device="cpu", **overrides):
+    """A model of a named size with deterministic random weights (tests, benchmarks)."""
+    config = build_config(family_name, size, **overrides)
+    model = family(family_name).model_cls(config, device=device, dtype=dtype)
+    return randomize(model, seed=seed)
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import models.llama as llama
+
+    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))

@@ -65,6 +65,19 @@ class InferenceContext:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
+    def switch_model(self, model: DecodeBackbone) -> None:
+        """Serve another model (for example a reload) through this context.
+
+        The held plan is kept; its key, not this call, decides whether it may be
+        reused, so a plan baked for the old model is rebuilt, never run on the new one.
+        """
+        if not isinstance(model, DecodeBackbone):
+            raise ConfigError(f"switch_model needs a DecodeBackbone model, got {type(model).__name__}")
+        self.model = model
+        self._prefill_step = step_module_for(model, self.offset_mode)
+        self._rope_plan = model.rope_plan
+        self._tables = None
+
     # ---- RoPE: per-token data, never part of the plan key --------------------------------
     @property
     def rope_plan(self) -> RopePlan:

@@ -7,6 +7,7 @@ fill in numbers (``llama_tiny()``).
 from __future__ import annotations
 
 import difflib
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,13 +68,19 @@ def build_random_model(family_name: str, size: str, *, seed: int = 0, dtype=torc
 
 
 _loaded = False
+_load_lock = threading.Lock()
 
 
 def _load_builtin() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
+    with _load_lock:  # registration must finish before any thread reads the registry
+        if _loaded:
+            return
+        _register_builtin()
+        _loaded = True
+
+
+def _register_builtin() -> None:
     import models.llama as llama
 
     register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))

@@ -112,13 +112,14 @@ class DecodeSession:
     # ---- running --------------------------------------------------------------------------
     def _call(self, host: TokenHostData) -> torch.Tensor:
         b = self.buffers
-        b.load(host, stale_offset=self._stale_offset)
+        # The STALE_OFFSET fault keeps the offset loaded for the build token forever.
+        b.load(host, stale_offset=self._stale_offset and self._stale_ints is not None)
+        if self._stale_offset and self._stale_ints is None:
+            self._stale_ints = (host.cached_len, host.attended_len)
         if self.offset_mode == "tensor":
             return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, self._kv_bound)
         cached_len, attended_len = host.cached_len, host.attended_len
-        if self._stale_offset:
-            if self._stale_ints is None:
-                self._stale_ints = (cached_len, attended_len)
+        if self._stale_ints is not None:
             cached_len, attended_len = self._stale_ints
         return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, cached_len, attended_len, self._kv_bound)
 

@@ -83,7 +83,7 @@ class LlamaModel(DecoderModel):
     def final(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h))
 
-    def reference_logits(self, token_ids: torch.Tensor, rope_plan: RopePlan | None = None) -> torch.Tensor:
+    def reference_logits(self, token_ids: torch.Tensor, rope_plan: RopePlan | None = None, kv_out=None) -> torch.Tensor:
         from models.llama.reference import llama_reference_logits
 
-        return llama_reference_logits(self, token_ids, rope_plan or self.rope_plan)
+        return llama_reference_logits(self, token_ids, rope_plan or self.rope_plan, kv_out)

@@ -19,8 +19,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def llama_reference_logits(model, token_ids: torch.Tensor, rope_plan: RopePlan) -> torch.Tensor:
-    """token_ids [1, T] -> logits [1, T, vocab] f32, computed position by position in plain math."""
+def llama_reference_logits(model, token_ids: torch.Tensor, rope_plan: RopePlan, kv_out: list | None = None) -> torch.Tensor:
+    """token_ids [1, T] -> logits [1, T, vocab] f32, in plain math over the whole sequence.
+
+    When ``kv_out`` is a list, each layer's post-RoPE keys and values ([Hkv, T, D] each) are appended.
+    """
     c = model.config
     T = token_ids.shape[1]
     H, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.resolved_head_dim
@@ -38,6 +41,8 @@ def llama_reference_logits(model, token_ids: torch.Tensor, rope_plan: RopePlan) 
         k = a.k_proj(h).view(T, Hkv, D).transpose(0, 1)  # [Hkv, T, D]
         v = a.v_proj(h).view(T, Hkv, D).transpose(0, 1)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if kv_out is not None:
+            kv_out.append((k.clone(), v.clone()))
         k = k.repeat_interleave(group, dim=0)  # [H, T, D]
         v = v.repeat_interleave(group, dim=0)
         scores = (q.float() @ k.float().transpose(1, 2)) / math.sqrt(D)  # [H, T, T]

@@ -1,0 +1,72 @@
+"""Bad input gets a typed error naming the constraint and the value; nothing is computed or lost."""
+import pytest
+import torch
+
+from fuelpipe.context import InferenceContext
+from fuelpipe.errors import ConfigError, InputError, KvCapacityError
+from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.sampling import seeded
+
+
+def test_token_out_of_vocab(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    cache = ctx.new_cache(16)
+    with pytest.raises(InputError, match=r"\[0, 256\), got range \[3, 999\]"):
+        ctx.prefill(cache, [3, 999])
+    assert cache.cached_len == 0
+
+
+def test_empty_prompt_and_negative_tokens(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    with pytest.raises(InputError, match="at least one token"):
+        ctx.generate([], 4)
+    with pytest.raises(InputError, match="max_new_tokens must be >= 0, got -1"):
+        ctx.generate([1], -1)
+    with pytest.raises(InputError, match="got range"):
+        ctx.prefill(ctx.new_cache(8), [-1])
+
+
+def test_float_ids_refused(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    with pytest.raises(InputError, match="must be integers"):
+        ctx.prefill(ctx.new_cache(8), torch.tensor([1.0, 2.0]))
+
+
+def test_capacity_overflow_is_typed_and_leaves_cache_intact(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    cache = ctx.new_cache(6)
+    ctx.prefill(cache, [1, 2, 3, 4, 5, 6])
+    before = [t.clone() for t in cache.bound_tensors()]
+    with pytest.raises(KvCapacityError, match=r"positions \[6, 7\) exceed max_seq_len 6"):
+        ctx.decode(cache, 1)
+    assert cache.cached_len == 6
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.bound_tensors()))
+    with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings 512"):
+        ctx.new_cache(10_000)
+
+
+def test_generate_with_a_too_small_cache(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    with pytest.raises(InputError, match="needs 12 free positions"):
+        ctx.generate([1, 2], 10, cache=ctx.new_cache(8))
+
+
+def test_bad_backend_and_plan_names(tiny_llama):
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        InferenceContext(tiny_llama, "inductr")
+    with pytest.raises(ConfigError, match="plan mode must be one of"):
+        InferenceContext(tiny_llama, "fx", "plan-once")
+    with pytest.raises(ConfigError, match="unknown fx passes"):
+        BackendSpec("fx", fx_passes=("fuse_everything",))
+    with pytest.raises(ConfigError, match="offset_mode must be one of"):
+        InferenceContext(tiny_llama, offset_mode="device")
+
+
+def test_seeded_sampling_is_reproducible(tiny_llama):
+    ctx = InferenceContext(tiny_llama)
+    a = ctx.generate([1, 2, 3], 12, sampler=seeded(0.8, top_k=20, seed=7)).tokens
+    b = ctx.generate([1, 2, 3], 12, sampler=seeded(0.8, top_k=20, seed=7)).tokens
+    c = ctx.generate([1, 2, 3], 12, sampler=seeded(0.8, top_k=20, seed=8)).tokens
+    assert a == b and a != c
+    with pytest.raises(ConfigError, match="temperature must be > 0"):
+        seeded(0.0)

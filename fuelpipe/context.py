@@ -15,15 +15,16 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
-from fuelpipe.driver import HeldPlan, PlanMode
+from fuelpipe.driver import HeldPlan, PlanMode, step_kind_for
 from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.faults import Fault
 from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.plan.backends import BackendSpec
-from fuelpipe.plan.token_data import TokenHostData, compute_token_host
+from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
 from fuelpipe.sampling import Sampler, greedy
-from fuelpipe.step import step_module_for
+from fuelpipe.step import step_args, step_module_for
 
 
 @dataclass
@@ -61,7 +62,7 @@ class InferenceContext:
         self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, fault)
         self._rope_plan = model.rope_plan
         self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self._prefill_step = step_module_for(model, mode)
+        self._prefill_steps: dict[str, torch.nn.Module] = {}
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -74,7 +75,7 @@ class InferenceContext:
         if not isinstance(model, DecodeBackbone):
             raise ConfigError(f"switch_model needs a DecodeBackbone model, got {type(model).__name__}")
         self.model = model
-        self._prefill_step = step_module_for(model, self.offset_mode)
+        self._prefill_steps = {}
         self._rope_plan = model.rope_plan
         self._tables = None
 
@@ -99,6 +100,11 @@ class InferenceContext:
         return self._tables
 
     # ---- caches --------------------------------------------------------------------------
+    def new_pool(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None) -> KvBlockPool:
+        """A paged KV pool for this model; sequences come from ``pool.sequence(max_blocks_cap)``."""
+        d = self.model.dims
+        return KvBlockPool(d.n_layers, d.n_kv_heads, d.head_dim, num_blocks, block_size, dtype or self.dtype, self.device)
+
     def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
         d = self.model.dims
         if max_seq_len > d.max_position_embeddings:
@@ -110,37 +116,46 @@ class InferenceContext:
         )
 
     # ---- steps ---------------------------------------------------------------------------
-    def _host(self, cache: ContiguousKvCache, token_ids: torch.Tensor) -> TokenHostData:
+    def _host(self, cache, token_ids: torch.Tensor) -> TokenHostData:
         if token_ids.dim() != 2 or token_ids.shape[0] != 1 or token_ids.shape[1] < 1:
             raise InputError(f"token_ids must have shape [1, T>=1], got {list(token_ids.shape)}")
         vocab = self.model.dims.vocab_size
         lo, hi = int(token_ids.min()), int(token_ids.max())
         if lo < 0 or hi >= vocab:
             raise InputError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
-        cache.check_room(cache.cached_len, token_ids.shape[1])
+        start, n = cache.cached_len, token_ids.shape[1]
+        if start + n > self.model.dims.max_position_embeddings:
+            raise InputError(
+                f"positions [{start}, {start + n}) exceed the model's max_position_embeddings "
+                f"{self.model.dims.max_position_embeddings}"
+            )
+        cache.check_room(start, n)  # a paged sequence allocates its blocks here, atomically
         cos, sin = self._rope_tables()
         return compute_token_host(
-            token_ids.to(torch.int64), cos, sin, self.model.mask_plan, cache.cached_len, cache.max_seq_len, self.dtype
+            token_ids.to(torch.int64), cos, sin, self.model.mask_plan, start, cache.width, self.dtype,
+            write_index=cache.write_index(start, n), block_table=cache.block_table(),
         )
 
+    def _prefill_step(self, kind: str) -> torch.nn.Module:
+        if kind not in self._prefill_steps:
+            self._prefill_steps[kind] = step_module_for(self.model, kind)
+        return self._prefill_steps[kind]
+
     @torch.no_grad()
-    def prefill(self, cache: ContiguousKvCache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    def prefill(self, cache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Run the prompt through the eager step (T positions at once). Returns last logits [1, vocab] f32."""
         ids = _as_ids(token_ids)
         host = self._host(cache, ids)
-        dev = self.device
-        cos, sin = host.rope_cos.to(dev, self.dtype), host.rope_sin.to(dev, self.dtype)
-        kv = cache.bound_tensors()
-        if self.offset_mode == "tensor":
-            logits = self._prefill_step(ids.to(dev), cos, sin, host.mask.to(dev), host.write_index.to(dev), kv)
-        else:
-            logits = self._prefill_step(ids.to(dev), cos, sin, host.mask.to(dev), host.cached_len, host.attended_len, kv)
+        kind = step_kind_for(cache, self.offset_mode)
+        buffers = StepBuffers(host, self.dtype, self.device)
+        buffers.load(host)
+        logits = self._prefill_step(kind)(*step_args(kind, buffers, host, cache.bound_tensors()))
         cache.advance(ids.shape[1])
         cache.bump_all_versions()
         return logits
 
     @torch.no_grad()
-    def decode(self, cache: ContiguousKvCache, token_id: int | torch.Tensor) -> torch.Tensor:
+    def decode(self, cache, token_id: int | torch.Tensor) -> torch.Tensor:
         """One decode token through the held plan. Returns logits [1, vocab] f32."""
         ids = _as_ids([int(token_id)] if not isinstance(token_id, torch.Tensor) else token_id.reshape(1, 1))
         host = self._host(cache, ids)

@@ -5,6 +5,9 @@ and a KV cache. Plan modes:
 
 * ``replan``    build (trace, optimise, compile) a fresh program every token, run it, discard it.
 * ``plan_once`` build once, hold it, rebind only per-token data; rebind or rebuild on a key change.
+
+The same two modes drive contiguous caches and paged sequences (``PagedDecodePlan``
+below is the paged name for the same flag; ``plan_once`` is the default for both).
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import torch
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
-from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.plan.backends import BackendSpec, build_program
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
@@ -40,6 +42,9 @@ class PlanMode(enum.Enum):
             raise ConfigError(f"plan mode must be one of {[m.value for m in cls]}, got {value!r}") from None
 
 
+PagedDecodePlan = PlanMode
+
+
 @dataclass
 class PlanStats:
     """What the driver did, for accounting oracles and reports."""
@@ -51,10 +56,19 @@ class PlanStats:
     last_validity: Optional[PlanValidity] = None
 
 
-def live_key(backbone: DecodeBackbone, cache: ContiguousKvCache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:
-    """The key the live (model, cache, step) would need a plan to have."""
+def step_kind_for(cache, offset_mode: str) -> str:
+    """A paged cache always carries a flattened tensor offset; a contiguous one uses the family's path."""
+    return "paged" if cache.step_kind == "paged" else offset_mode
+
+
+def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:
+    """The key the live (model, cache, step) would need a plan to have.
+
+    ``cache`` is a ContiguousKvCache or a PagedSequence: it names its own geometry
+    (max_seq_len, or max_blocks_cap and block_size) and its allocation (the pool's id).
+    """
     return PlanKey(
-        geometry=(("seq", seq), ("max_seq_len", cache.max_seq_len)),
+        geometry=cache.plan_geometry(seq),
         n_layers=cache.n_layers,
         cache_dtype=cache.dtype,
         shape_key=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.shape_key(),
@@ -65,9 +79,9 @@ def live_key(backbone: DecodeBackbone, cache: ContiguousKvCache, seq: int, fault
 
 def build_session(
     backbone: DecodeBackbone,
-    cache: ContiguousKvCache,
+    cache,
     spec: BackendSpec,
-    offset_mode: str,
+    step_kind: str,
     host: TokenHostData,
     key: PlanKey,
     fault: Fault = Fault.NONE,
@@ -76,8 +90,8 @@ def build_session(
     if fault is Fault.NAIVE_DCE:
         passes = tuple("naive_eliminate_dead_code" if p == "eliminate_dead_code_keeping_writes" else p for p in passes)
         spec = BackendSpec(spec.name, passes, spec.cache_policy)
-    program = build_program(spec, step_module_for(backbone, offset_mode), offset_mode)
-    device = cache.layer(0).k.device
+    program = build_program(spec, step_module_for(backbone, step_kind), step_kind)
+    device = cache.bound_tensors()[0].device
     buffers = StepBuffers(host, cache.dtype, device)
     return DecodeSession(
         program,
@@ -85,7 +99,7 @@ def build_session(
         cache.bound_tensors(),
         cache.device_location,
         buffers,
-        offset_mode,
+        step_kind,
         stale_offset=fault is Fault.STALE_OFFSET,
     )
 
@@ -106,14 +120,15 @@ class HeldPlan:
 
     def _build_and_run(self, backbone, cache, host, key) -> torch.Tensor:
         t0 = time.perf_counter()
-        session = build_session(backbone, cache, self.spec, self.offset_mode, host, key, self.fault)
+        kind = step_kind_for(cache, self.offset_mode)
+        session = build_session(backbone, cache, self.spec, kind, host, key, self.fault)
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0
         self.session = session
         return logits
 
-    def step(self, backbone: DecodeBackbone, cache: ContiguousKvCache, host: TokenHostData) -> torch.Tensor:
+    def step(self, backbone: DecodeBackbone, cache, host: TokenHostData) -> torch.Tensor:
         key = live_key(backbone, cache, host.seq, self.fault)
         if self.mode is PlanMode.REPLAN or self.fault is Fault.REBUILD_EVERY_TOKEN:
             self.session = None

@@ -8,8 +8,9 @@ One function, ``run_step``, for all families and both offset paths. The two
     rope_cos   [n_rope_specs, T, rot]      model dtype
     rope_sin   [n_rope_specs, T, rot]      model dtype
     mask       [n_mask_variants, 1, 1, T, S] model dtype (additive)
-    write_index [T] int64              (tensor-offset path)
+    write_index [T] int64              (tensor-offset and paged paths)
     cached_len, attended_len  int      (symbol path)
+    block_table [1, max_blocks_cap]    int64 (paged path)
     kv         [k0, v0, k1, v1, ...]   the KV buffers the program is bound to
 
 Weights are the program's baked state; KV buffers are its bound state and are
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
-from fuelpipe.kv.views import SymbolOffsetKv, TensorOffsetKv
+from fuelpipe.kv.views import PagedKv, SymbolOffsetKv, TensorOffsetKv
 
 
 def run_step(
@@ -76,5 +77,34 @@ class SymbolOffsetStep(nn.Module):
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 
 
-def step_module_for(backbone: DecodeBackbone, offset_mode: str) -> nn.Module:
-    return TensorOffsetStep(backbone) if offset_mode == "tensor" else SymbolOffsetStep(backbone)
+class PagedStep(nn.Module):
+    """Step program signature for a paged pool: flattened write offsets plus the padded block table."""
+
+    def __init__(self, backbone: DecodeBackbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, kv):
+        d = self.backbone.dims
+        views = [
+            PagedKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim)
+            for i in range(d.n_layers)
+        ]
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+
+
+STEP_KINDS = {"tensor": TensorOffsetStep, "symbol": SymbolOffsetStep, "paged": PagedStep}
+
+
+def step_module_for(backbone: DecodeBackbone, step_kind: str) -> nn.Module:
+    return STEP_KINDS[step_kind](backbone)
+
+
+def step_args(step_kind: str, buffers, host, kv: list) -> tuple:
+    """The program's positional arguments for one call, in its signature's order."""
+    b = buffers
+    if step_kind == "tensor":
+        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, kv)
+    if step_kind == "symbol":
+        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, host.cached_len, host.attended_len, kv)
+    return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, kv)

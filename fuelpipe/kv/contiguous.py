@@ -37,6 +37,8 @@ class KvLayer:
 class ContiguousKvCache:
     """One request's KV allocation for every layer of one model."""
 
+    step_kind = "contiguous"
+
     def __init__(
         self,
         n_layers: int,
@@ -132,6 +134,21 @@ class ContiguousKvCache:
         """Record that ``n`` more positions were written by a step."""
         self.check_room(self.cached_len, n)
         self.cached_len += n
+
+    # ---- what a plan reads ----------------------------------------------------------------
+    @property
+    def width(self) -> Optional[int]:
+        """Attention width of a step: the whole capacity."""
+        return self.max_seq_len
+
+    def plan_geometry(self, seq: int) -> tuple:
+        return (("seq", seq), ("max_seq_len", self.max_seq_len))
+
+    def write_index(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n, dtype=torch.int64)  # [n]
+
+    def block_table(self) -> None:
+        return None
 
     # ---- checks ---------------------------------------------------------------------------
     def check_room(self, start: int, n: int) -> None:

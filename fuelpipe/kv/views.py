@@ -46,3 +46,25 @@ class SymbolOffsetKv:
         keys = self.k_buf.narrow(2, 0, self.attended_len)
         values = self.v_buf.narrow(2, 0, self.attended_len)
         return keys, values, mask.narrow(-1, 0, self.attended_len)
+
+
+class PagedKv:
+    """Paged pool view: write at flattened offsets, read the sequence's blocks through its table.
+
+    k_pool, v_pool: [NB, bs, Hkv, D]; write_index [T] = physical_block * bs + slot;
+    block_table [1, cap] (padding names the null block, masked out by the mask row).
+    """
+
+    def __init__(self, k_pool, v_pool, write_index, block_table, n_kv_heads: int, head_dim: int) -> None:
+        self.k_pool, self.v_pool = k_pool, v_pool
+        self.write_index, self.block_table = write_index, block_table
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+
+    def _write_and_gather(self, pool, x):
+        rows = x[0].transpose(0, 1)  # [T, Hkv, D]
+        flat = pool.view(-1, self.n_kv_heads, self.head_dim).index_copy_(0, self.write_index, rows)
+        blocks = flat.view(pool.shape).index_select(0, self.block_table[0])  # [cap, bs, Hkv, D]
+        return blocks.reshape(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [1, Hkv, cap*bs, D]
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+        return self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v), mask

@@ -94,7 +94,7 @@ def trace_step(step: nn.Module, passes: tuple[str, ...]) -> tuple[fx.GraphModule
     return gm, applied
 
 
-def build_program(spec: BackendSpec, step: nn.Module, offset_mode: str) -> StepProgram:
+def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
     t0 = time.perf_counter()
     if spec.name == "eager":
         return StepProgram("eager", step, None, time.perf_counter() - t0, cache_policy=spec.cache_policy)
@@ -104,5 +104,5 @@ def build_program(spec: BackendSpec, step: nn.Module, offset_mode: str) -> StepP
     counter = CompileCounter()
     # Tensor-offset path: every shape is static. Symbol path: the two host
     # integers are the only thing that varies, compiled once as symbols.
-    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=offset_mode == "symbol")
+    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind == "symbol")
     return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy)

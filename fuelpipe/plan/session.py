@@ -6,7 +6,10 @@ from typing import Optional
 
 import torch
 
+from dataclasses import replace
+
 from fuelpipe.plan.backends import StepProgram
+from fuelpipe.step import step_args
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import (
     KvRebindSource,
@@ -36,7 +39,7 @@ class DecodeSession:
         kv_bound: list[torch.Tensor],
         kv_location: Optional[torch.device],
         buffers: StepBuffers,
-        offset_mode: str,
+        step_kind: str,
         *,
         stale_offset: bool = False,
     ) -> None:
@@ -45,7 +48,7 @@ class DecodeSession:
         self._kv_bound = list(kv_bound)
         self._kv_location = kv_location
         self.buffers = buffers
-        self.offset_mode = offset_mode
+        self.step_kind = step_kind  # tensor | symbol | paged: the program's input signature
         self.realize_count = 0
         self.build_s = program.trace_s
         self._stale_offset = stale_offset
@@ -116,12 +119,9 @@ class DecodeSession:
         b.load(host, stale_offset=self._stale_offset and self._stale_ints is not None)
         if self._stale_offset and self._stale_ints is None:
             self._stale_ints = (host.cached_len, host.attended_len)
-        if self.offset_mode == "tensor":
-            return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, self._kv_bound)
-        cached_len, attended_len = host.cached_len, host.attended_len
         if self._stale_ints is not None:
-            cached_len, attended_len = self._stale_ints
-        return self.program.fn(b.token_ids, b.rope_cos, b.rope_sin, b.mask, cached_len, attended_len, self._kv_bound)
+            host = replace(host, cached_len=self._stale_ints[0], attended_len=self._stale_ints[1])
+        return self.program.fn(*step_args(self.step_kind, b, host, self._kv_bound))
 
     def realize_first(self, host: TokenHostData) -> torch.Tensor:
         """Run the build token (includes any lazy compilation, counted as build time)."""
@@ -154,6 +154,4 @@ class DecodeSession:
 
 
 def _with_alloc(key: PlanKey, alloc_id) -> PlanKey:
-    from dataclasses import replace
-
     return replace(key, alloc_id=alloc_id)

@@ -24,6 +24,7 @@ class TokenHostData:
     write_index: torch.Tensor  # [T] int64
     cached_len: int
     attended_len: int
+    block_table: torch.Tensor | None = None  # [1, max_blocks_cap] int64 (paged only)
 
     @property
     def seq(self) -> int:
@@ -38,17 +39,23 @@ def compute_token_host(
     start: int,
     width: int,
     dtype: torch.dtype,
+    write_index: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> TokenHostData:
-    """Host data for queries at positions [start, start+T) over a cache of ``width`` positions."""
+    """Host data for queries at positions [start, start+T) over a cache of ``width`` positions.
+
+    ``write_index`` defaults to the contiguous positions; a paged cache passes its flattened offsets.
+    """
     seq = token_ids.shape[1]
     return TokenHostData(
         token_ids=token_ids,
         rope_cos=cos_table[:, start : start + seq],
         rope_sin=sin_table[:, start : start + seq],
         mask=mask_variants(mask_plan, start, seq, width, dtype),
-        write_index=torch.arange(start, start + seq, dtype=torch.int64),
+        write_index=torch.arange(start, start + seq, dtype=torch.int64) if write_index is None else write_index,
         cached_len=start,
         attended_len=start + seq,
+        block_table=block_table,
     )
 
 
@@ -61,6 +68,7 @@ class StepBuffers:
         self.rope_sin = torch.empty(host.rope_sin.shape, dtype=dtype, device=device)
         self.mask = torch.empty(host.mask.shape, dtype=dtype, device=device)
         self.write_index = torch.empty_like(host.write_index, device=device)
+        self.block_table = None if host.block_table is None else torch.empty_like(host.block_table, device=device)
 
     def load(self, host: TokenHostData, *, stale_offset: bool = False) -> None:
         self.token_ids.copy_(host.token_ids, non_blocking=True)
@@ -69,3 +77,5 @@ class StepBuffers:
         self.mask.copy_(host.mask, non_blocking=True)
         if not stale_offset:
             self.write_index.copy_(host.write_index, non_blocking=True)
+        if self.block_table is not None:
+            self.block_table.copy_(host.block_table, non_blocking=True)

@@ -23,9 +23,9 @@ def model_for(size):
     return _models[size]
 
 
-def bench_decode(benchmark, size, backend, plan):
+def bench_decode(benchmark, size, backend, plan, kv="contiguous"):
     ctx = InferenceContext(model_for(size), backend, plan)
-    cache = ctx.new_cache(128)
+    cache = ctx.new_cache(128) if kv == "contiguous" else ctx.new_pool(num_blocks=9, block_size=16).sequence(8)
     ctx.prefill(cache, PROMPT)
     ctx.decode(cache, 5)  # the build token (plan_once) is not what we time
 
@@ -37,7 +37,7 @@ def bench_decode(benchmark, size, backend, plan):
     rounds = (ROUNDS if plan == "plan_once" else REPLAN_ROUNDS)[size][backend]
     benchmark.group = f"decode {size} {backend}"
     benchmark.extra_info.update(
-        {"model": size, "backend": backend, "plan": plan, "builds_before": ctx.plan.stats.builds}
+        {"model": size, "backend": backend, "plan": plan, "kv": kv, "builds_before": ctx.plan.stats.builds}
     )
     benchmark.pedantic(one_token, rounds=rounds, warmup_rounds=1 if plan == "plan_once" else 0)
     benchmark.extra_info["builds"] = ctx.plan.stats.builds
@@ -56,3 +56,12 @@ def test_decode_tiny(benchmark, backend, plan):
 @pytest.mark.parametrize("backend", ["eager", "fx", "inductor"])
 def test_decode_smollm2_shaped(benchmark, backend, plan):
     bench_decode(benchmark, "smollm2_135m", backend, plan)
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("plan", ["plan_once", "replan"])
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_decode_tiny_paged_vs_contiguous(benchmark, kv, plan):
+    """Same model, same backend: paged vs contiguous and plan_once vs replan in one group."""
+    bench_decode(benchmark, "tiny", "fx", plan, kv)
+    benchmark.group = "decode tiny fx: kv x plan"

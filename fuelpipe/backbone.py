@@ -54,6 +54,7 @@ class DecodeBackbone(Protocol):
     mask_plan: MaskPlan
     rope_plan: RopePlan
     offset_mode: str
+    latent_slots: tuple[tuple[int, ...], ...] | None
     instance_id: ModelInstanceId
 
     def shape_key(self) -> int: ...

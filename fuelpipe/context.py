@@ -19,6 +19,7 @@ from fuelpipe.driver import HeldPlan, PlanMode, step_kind_for
 from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.faults import Fault
 from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
@@ -102,6 +103,11 @@ class InferenceContext:
     # ---- caches --------------------------------------------------------------------------
     def new_pool(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None) -> KvBlockPool:
         """A paged KV pool for this model; sequences come from ``pool.sequence(max_blocks_cap)``."""
+        if self.model.latent_slots is not None:
+            raise ConfigError(
+                f"paged KV is not available for the MLA family {self.model.family!r}: it decodes from a latent cache "
+                "(kv=latent); an expanded paged cache would give up MLA's memory saving"
+            )
         d = self.model.dims
         return KvBlockPool(d.n_layers, d.n_kv_heads, d.head_dim, num_blocks, block_size, dtype or self.dtype, self.device)
 
@@ -111,12 +117,34 @@ class InferenceContext:
             raise ConfigError(
                 f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
             )
+        if self.model.latent_slots is not None:
+            return LatentKvCache(d.n_layers, self.model.latent_slots, max_seq_len, dtype or self.dtype, self.device)
         return ContiguousKvCache.with_capacity(
             d.n_layers, d.n_kv_heads, d.head_dim, max_seq_len, dtype or self.dtype, self.device
         )
 
     # ---- steps ---------------------------------------------------------------------------
+    def _check_cache(self, cache) -> None:
+        """The cache must have the layout this model writes; refuse before anything runs."""
+        m, d = self.model, self.model.dims
+        if m.latent_slots is not None:
+            if cache.step_kind != "latent" or cache.slot_trailing != m.latent_slots:
+                raise ConfigError(
+                    f"{m.family} needs a latent cache with slots {m.latent_slots}, got a {cache.step_kind} cache"
+                    + (f" with slots {cache.slot_trailing}" if cache.step_kind == "latent" else "")
+                )
+            return
+        if cache.step_kind == "latent":
+            raise ConfigError(f"{m.family} is not an MLA family: a latent cache cannot serve it (use contiguous or paged)")
+        holder = cache.pool if cache.step_kind == "paged" else cache
+        if (holder.n_layers, holder.n_kv_heads, holder.head_dim) != (d.n_layers, d.n_kv_heads, d.head_dim):
+            raise ConfigError(
+                f"cache geometry (layers, kv heads, head_dim) = {(holder.n_layers, holder.n_kv_heads, holder.head_dim)} "
+                f"does not match the model's {(d.n_layers, d.n_kv_heads, d.head_dim)}"
+            )
+
     def _host(self, cache, token_ids: torch.Tensor) -> TokenHostData:
+        self._check_cache(cache)
         if token_ids.dim() != 2 or token_ids.shape[0] != 1 or token_ids.shape[1] < 1:
             raise InputError(f"token_ids must have shape [1, T>=1], got {list(token_ids.shape)}")
         vocab = self.model.dims.vocab_size

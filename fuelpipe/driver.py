@@ -57,8 +57,8 @@ class PlanStats:
 
 
 def step_kind_for(cache, offset_mode: str) -> str:
-    """A paged cache always carries a flattened tensor offset; a contiguous one uses the family's path."""
-    return "paged" if cache.step_kind == "paged" else offset_mode
+    """Paged and latent caches name their own step; a contiguous one uses the family's offset path."""
+    return offset_mode if cache.step_kind == "contiguous" else cache.step_kind
 
 
 def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:

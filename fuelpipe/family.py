@@ -15,6 +15,8 @@ class DecoderModel(nn.Module):
     family: str = ""
     rope_fields: tuple[str, ...] = ()
     offset_mode: str = "tensor"
+    # Trailing shapes of the per-layer latent KV slots for MLA families; None = K/V heads cache.
+    latent_slots: tuple[tuple[int, ...], ...] | None = None
 
     def __init__(self) -> None:
         super().__init__()

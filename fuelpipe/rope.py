@@ -123,3 +123,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_d
         return x * cos + rotate_half(x, rotary_dim // 2) * sin
     x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
     return torch.cat((x_rot * cos + rotate_half(x_rot, rotary_dim // 2) * sin, x_pass), dim=-1)
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Rotate adjacent channel pairs (x0, x1), (x2, x3), ... of ``x`` [..., T, rotary_dim].
+
+    The pair layout DeepSeek-V2 checkpoints use. cos, sin: [T, rotary_dim] in the shared
+    duplicated-halves layout; pair i uses column i.
+    """
+    half = rotary_dim // 2
+    pairs = x.unflatten(-1, (half, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[..., :half], sin[..., :half]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)

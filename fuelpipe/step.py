@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
-from fuelpipe.kv.views import PagedKv, SymbolOffsetKv, TensorOffsetKv
+from fuelpipe.kv.views import LatentKv, PagedKv, SymbolOffsetKv, TensorOffsetKv
 
 
 def run_step(
@@ -93,7 +93,19 @@ class PagedStep(nn.Module):
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 
 
-STEP_KINDS = {"tensor": TensorOffsetStep, "symbol": SymbolOffsetStep, "paged": PagedStep}
+class LatentStep(nn.Module):
+    """Step program signature for a latent (MLA) cache: tensor write offsets, two slots per layer."""
+
+    def __init__(self, backbone: DecodeBackbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
+        views = [LatentKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+
+
+STEP_KINDS = {"tensor": TensorOffsetStep, "symbol": SymbolOffsetStep, "paged": PagedStep, "latent": LatentStep}
 
 
 def step_module_for(backbone: DecodeBackbone, step_kind: str) -> nn.Module:
@@ -103,7 +115,7 @@ def step_module_for(backbone: DecodeBackbone, step_kind: str) -> nn.Module:
 def step_args(step_kind: str, buffers, host, kv: list) -> tuple:
     """The program's positional arguments for one call, in its signature's order."""
     b = buffers
-    if step_kind == "tensor":
+    if step_kind in ("tensor", "latent"):
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, kv)
     if step_kind == "symbol":
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, host.cached_len, host.attended_len, kv)

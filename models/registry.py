@@ -83,4 +83,14 @@ def _load_builtin() -> None:
 def _register_builtin() -> None:
     import models.llama as llama
 
+    import models.deepseek_v2 as deepseek_v2
+
     register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))
+    register_family(
+        FamilyEntry(
+            "deepseek_v2",
+            deepseek_v2.DeepseekV2Model,
+            {"tiny": deepseek_v2.deepseek_v2_tiny, "tiny_dense": deepseek_v2.deepseek_v2_tiny_dense},
+            is_mla=True,
+        )
+    )

@@ -68,3 +68,21 @@ class PagedKv:
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         return self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v), mask
+
+
+class LatentKv:
+    """Latent (MLA) view: slot 0 the normalised KV latent [S, r], slot 1 the RoPE key [S, rope].
+
+    Offsets ride the tensor path; the read is the in-place write's result (DCE-safe).
+    """
+
+    def __init__(self, latent_buf, rope_key_buf, write_index) -> None:
+        self.latent_buf = latent_buf  # [S, r]
+        self.rope_key_buf = rope_key_buf  # [S, rope]
+        self.write_index = write_index  # [T] int64
+
+    def write_and_read_latent(self, latent: torch.Tensor, rope_key: torch.Tensor, mask: torch.Tensor):
+        """latent [T, r], rope_key [T, rope] -> (all latents [S, r], all rope keys [S, rope], mask)."""
+        latents = self.latent_buf.index_copy_(0, self.write_index, latent)
+        rope_keys = self.rope_key_buf.index_copy_(0, self.write_index, rope_key)
+        return latents, rope_keys, mask

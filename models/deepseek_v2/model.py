@@ -1,0 +1,181 @@
+"""DeepSeek-V2 decoder: multi-head latent attention decoded in the absorbed form, dense or MoE MLPs.
+
+The cache holds, per token and layer, only the normalised KV latent (slot 0,
+[kv_lora_rank]) and the single-head RoPE key (slot 1, [qk_rope_head_dim]).
+Decode never expands K/V: queries are projected into the latent space with
+the key half of ``kv_b_proj`` and the attended latent is projected out with
+its value half. Those absorbed matrices are views of ``kv_b_proj.weight``
+taken inside the step, so an in-place weight update can never leave them
+stale (and the plan key's weights version rebuilds any plan holding copies).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fuelpipe.backbone import DecodeDims, LayerInputs
+from fuelpipe.family import DecoderModel
+from fuelpipe.layers import GatedMLP, RMSNorm
+from fuelpipe.masks import MaskPlan
+from fuelpipe.rope import RopePlan, RopeSpec, apply_rotary_interleaved
+from models.deepseek_v2.config import ROPE_FIELDS, DeepseekV2Config
+
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the checkpoint's fixed epsilon
+
+
+class MultiHeadLatentAttention(nn.Module):
+    def __init__(self, c: DeepseekV2Config, device=None, dtype=None) -> None:
+        super().__init__()
+        self.n_heads, self.nope, self.rope, self.v_dim = (
+            c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim)
+        self.rank = c.kv_lora_rank
+        self.scale = c.qk_head_dim**-0.5
+        kw = dict(device=device, dtype=dtype)
+        H = self.n_heads
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(c.hidden_size, H * c.qk_head_dim, bias=False, **kw)
+        else:
+            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=c.attention_bias, **kw)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, LATENT_NORM_EPS, **kw)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, H * c.qk_head_dim, bias=False, **kw)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim,
+                                            bias=c.attention_bias, **kw)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LATENT_NORM_EPS, **kw)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim), bias=False, **kw)
+        self.o_proj = nn.Linear(H * c.v_head_dim, c.hidden_size, bias=c.attention_bias, **kw)
+        self.has_q_lora = c.q_lora_rank is not None
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        if self.has_q_lora:
+            return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return self.q_proj(x)
+
+    def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of kv_b_proj.weight: W_uk [H, nope, r] and W_uv [H, v, r]."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)
+        return w[:, : self.nope], w[:, self.nope :]
+
+    def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        H = self.n_heads
+        q = self.query(x).view(1, -1, H, self.nope + self.rope).transpose(1, 2)[0]  # [H, T, qk]
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(x)[0]  # [T, r + rope]
+        latent, k_pe = compressed.split([self.rank, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(latent)  # [T, r]
+        q_pe = apply_rotary_interleaved(q_pe, inputs.cos, inputs.sin, self.rope)  # [H, T, rope]
+        k_pe = apply_rotary_interleaved(k_pe, inputs.cos, inputs.sin, self.rope)  # [T, rope]
+        latents, rope_keys, mask = inputs.kv.write_and_read_latent(latent, k_pe, inputs.mask)  # [S, r], [S, rope]
+        w_uk, w_uv = self.absorbed()
+        q_latent = torch.matmul(q_nope, w_uk)  # [H, T, r]
+        scores = torch.matmul(q_latent, latents.t()) + torch.matmul(q_pe, rope_keys.t())  # [H, T, S]
+        scores = scores * self.scale + mask[0]  # mask [1, 1, T, S] -> [1, T, S]
+        probs = torch.softmax(scores.float(), dim=-1).to(x.dtype)
+        out_latent = torch.matmul(probs, latents)  # [H, T, r]
+        out = torch.matmul(out_latent, w_uv.transpose(1, 2))  # [H, T, v]
+        return self.o_proj(out.transpose(0, 1).reshape(1, -1, H * self.v_dim))
+
+
+class DeepseekV2Router(nn.Module):
+    def __init__(self, c: DeepseekV2Config, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(c.n_routed_experts, c.hidden_size, device=device, dtype=dtype),
+                                   requires_grad=False)
+
+
+class DeepseekV2Experts(nn.Module):
+    """Routed experts stored as stacked tensors (the checkpoint layout)."""
+
+    def __init__(self, c: DeepseekV2Config, device=None, dtype=None) -> None:
+        super().__init__()
+        E, I, Hd = c.n_routed_experts, c.moe_intermediate_size, c.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, Hd, device=device, dtype=dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(E, Hd, I, device=device, dtype=dtype), requires_grad=False)
+
+
+class DeepseekV2Moe(nn.Module):
+    """Top-k greedy routing over softmax scores, weights scaled, plus always-on shared experts."""
+
+    def __init__(self, c: DeepseekV2Config, device=None, dtype=None) -> None:
+        super().__init__()
+        self.top_k, self.scaling = c.num_experts_per_tok, c.routed_scaling_factor
+        self.gate = DeepseekV2Router(c, device, dtype)
+        self.experts = DeepseekV2Experts(c, device, dtype)
+        self.shared_experts = (
+            GatedMLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, "silu", False, device, dtype)
+            if c.n_shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x[0]  # [T, hidden]
+        scores = torch.softmax(F.linear(h.float(), self.gate.weight.float()), dim=-1)  # [T, E]
+        weights, idx = torch.topk(scores, self.top_k, dim=-1)  # [T, k]
+        weights = weights * self.scaling
+        gate_up = torch.matmul(self.experts.gate_up_proj[idx], h[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up  # [T, k, I]
+        out = torch.matmul(self.experts.down_proj[idx], act[..., None]).squeeze(-1)  # [T, k, hidden]
+        routed = (out * weights[..., None].to(out.dtype)).sum(dim=1)  # [T, hidden]
+        if self.shared_experts is not None:
+            routed = routed + self.shared_experts(h)
+        return routed[None]
+
+
+class DeepseekV2DecoderLayer(nn.Module):
+    def __init__(self, c: DeepseekV2Config, index: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
+        self.self_attn = MultiHeadLatentAttention(c, device, dtype)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
+        self.mlp = (DeepseekV2Moe(c, device, dtype) if c.is_moe_layer(index)
+                    else GatedMLP(c.hidden_size, c.intermediate_size, "silu", False, device, dtype))
+
+    def forward(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), inputs)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DeepseekV2Model(DecoderModel):
+    family = "deepseek_v2"
+    rope_fields = ROPE_FIELDS
+    offset_mode = "tensor"
+
+    def __init__(self, config: DeepseekV2Config, *, device=None, dtype=torch.float32) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(c, i, device, dtype) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device, dtype=dtype)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.requires_grad_(False)
+        self.latent_slots = ((c.kv_lora_rank,), (c.qk_rope_head_dim,))
+        self.dims = DecodeDims(
+            n_layers=c.num_hidden_layers, hidden_size=c.hidden_size, n_heads=c.num_attention_heads,
+            n_kv_heads=1, head_dim=c.qk_head_dim, vocab_size=c.vocab_size,
+            max_position_embeddings=c.max_position_embeddings,
+        )
+        self.mask_plan = MaskPlan.full(c.num_hidden_layers)
+        self.rope_plan = RopePlan.uniform(
+            RopeSpec(theta=c.rope_theta, rotary_dim=c.qk_rope_head_dim, scaling=c.rope_scaling), c.num_hidden_layers
+        )
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(token_ids)
+
+    def apply_layer(self, index: int, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        return self.layers[index](h, inputs)
+
+    def final(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
+
+    def expanded_kv_bytes_per_token(self, element_size: int) -> int:
+        """What an equivalent expanded K/V cache would store per token (all heads, all layers)."""
+        c = self.config
+        return c.num_hidden_layers * c.num_attention_heads * (c.qk_head_dim + c.v_head_dim) * element_size
+
+    def reference_logits(self, token_ids, rope_plan: RopePlan | None = None, kv_out=None) -> torch.Tensor:
+        from models.deepseek_v2.reference import deepseek_v2_reference_logits
+
+        return deepseek_v2_reference_logits(self, token_ids, rope_plan or self.rope_plan, kv_out)

@@ -8,6 +8,7 @@ import torch
 
 from dataclasses import replace
 
+from fuelpipe.errors import PlanError
 from fuelpipe.plan.backends import StepProgram
 from fuelpipe.step import step_args
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
@@ -130,6 +131,10 @@ class DecodeSession:
             out = self._call(host)
         if self.program.backend == "inductor":
             self.build_s += time.perf_counter() - t0
+            if self.program.compiles < 1:
+                # dynamo ran the step without handing a graph to inductor (for example a
+                # recompile limit): the "inductor" plan would silently be eager.
+                raise PlanError("inductor backend compiled nothing for the decode step; refusing to run it as eager")
         return out
 
     def realize_token(self, host: TokenHostData) -> torch.Tensor:

@@ -77,3 +77,6 @@ def _load_builtin() -> None:
     import models.llama as llama
 
     register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))
+    import models.phi as phi
+
+    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k}))

@@ -80,3 +80,6 @@ def _load_builtin() -> None:
     import models.phi as phi
 
     register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k}))
+    import models.qwen3 as qwen3
+
+    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b}))

@@ -83,3 +83,6 @@ def _load_builtin() -> None:
     import models.qwen3 as qwen3
 
     register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b}))
+    import models.gemma3 as gemma3
+
+    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b}))

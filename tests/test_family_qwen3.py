@@ -1,0 +1,48 @@
+"""Qwen3: per-head q/k norm, and the config's choice of sliding-window layers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from family_helpers import forced_tokens, max_err, reference_rows, run_decode
+from fuelpipe.errors import ConfigError
+from fuelpipe.masks import FULL, SLIDING
+from models.qwen3 import Qwen3Model, qwen3_tiny
+from models.registry import build_random_model
+
+
+def kinds(**overrides):
+    return Qwen3Model(qwen3_tiny(**overrides), device="meta").mask_plan
+
+
+def test_window_layers_start_at_max_window_layers():
+    plan = kinds()
+    assert plan.layer_types == (FULL, FULL, SLIDING, SLIDING) and plan.sliding_window == 8
+    assert kinds(max_window_layers=0).layer_types == (SLIDING,) * 4
+
+
+def test_window_is_dead_unless_use_sliding_window():
+    plan = kinds(use_sliding_window=False, max_window_layers=0)
+    assert plan.layer_types == (FULL,) * 4 and plan.sliding_window is None
+
+
+def test_explicit_layer_types_win_and_need_a_live_window():
+    plan = kinds(layer_types=[SLIDING, FULL, SLIDING, FULL])  # a YAML list
+    assert plan.layer_types == (SLIDING, FULL, SLIDING, FULL)
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        qwen3_tiny(use_sliding_window=False, layer_types=(SLIDING, FULL, FULL, FULL))
+    with pytest.raises(ConfigError, match="layer_types"):
+        qwen3_tiny(layer_types=(FULL,) * 3)
+
+
+def test_qk_norm_sits_before_rope():
+    """Scaling q by a constant before its norm is invisible; after the norm it is not. The decode agrees."""
+    model = build_random_model("qwen3", "tiny", seed=2)
+    tokens = forced_tokens(6)
+    before = run_decode(model, tokens, backend="eager").logits
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.q_proj.weight.mul_(3.0)
+    after = run_decode(model, tokens, backend="eager")
+    assert max_err(after.logits, before) <= 1e-5
+    assert max_err(after.logits, reference_rows(model, after)) <= 1e-5

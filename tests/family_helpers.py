@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from fuelpipe.context import InferenceContext
+from fuelpipe.faults import Fault
 from fuelpipe.masks import FULL, SLIDING, MaskPlan
 from fuelpipe.rope import RopePlan
 
@@ -38,9 +39,11 @@ class Decoded:
     node_counts: list = field(default_factory=list)  # held program's node count after each step
 
 
-def run_decode(model, tokens, *, backend="fx", plan="plan_once", offset_mode=None, prompt=PROMPT, capacity=64) -> Decoded:
+def run_decode(
+    model, tokens, *, backend="fx", plan="plan_once", offset_mode=None, fault=Fault.NONE, prompt=PROMPT, capacity=64
+) -> Decoded:
     """Prefill ``prompt``, then decode each of ``tokens`` through the held plan, recording the plan's accounting."""
-    ctx = InferenceContext(model, backend, plan, offset_mode=offset_mode)
+    ctx = InferenceContext(model, backend, plan, offset_mode=offset_mode, fault=fault)
     cache = ctx.new_cache(capacity)
     rows = [ctx.prefill(cache, prompt)[0]]
     builds, realize_counts, node_counts = [], [], []

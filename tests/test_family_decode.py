@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from family_helpers import FAULT_CASES, FAULTS, forced_tokens, max_err, reference_rows, run_decode
+from fuelpipe.faults import Fault
 from models.registry import build_random_model, families
 
 FAMILIES = ("llama", "phi", "qwen3", "gemma3")
@@ -58,6 +59,18 @@ def test_plan_accounting(fam):
     assert once.node_counts[0] is not None and len(set(once.node_counts)) == 1, once.node_counts
     assert replan.builds == list(range(1, REPLAN_STEPS + 1)), "replan must build every token"
     assert once.ctx.plan.stats.refusals == [] and once.ctx.plan.stats.rebinds == 0
+
+
+def test_plan_oracles_can_fail():
+    """Negative controls: a held plan that keeps its build-time offsets diverges from replan (Phi, symbol
+    path); a plan_once that silently rebuilds every token breaks the accounting (every family)."""
+    once, replan = runs("phi")
+    stale = run_decode(tiny("phi"), forced_tokens()[:REPLAN_STEPS], fault=Fault.STALE_OFFSET)
+    assert torch.equal(once.logits[:2], stale.logits[:2])  # the build token itself is right
+    assert not torch.equal(stale.logits, replan.logits)
+    for fam in FAMILIES:
+        rebuilt = run_decode(tiny(fam), forced_tokens()[:4], fault=Fault.REBUILD_EVERY_TOKEN)
+        assert rebuilt.builds == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("offset_mode", OFFSET_MODES)

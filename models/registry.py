@@ -81,11 +81,16 @@ def _load_builtin() -> None:
 
 
 def _register_builtin() -> None:
-    import models.llama as llama
-
     import models.deepseek_v2 as deepseek_v2
+    import models.gemma3 as gemma3
+    import models.llama as llama
+    import models.phi as phi
+    import models.qwen3 as qwen3
 
     register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))
+    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k}))
+    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b}))
+    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b}))
     register_family(
         FamilyEntry(
             "deepseek_v2",

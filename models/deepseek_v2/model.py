@@ -157,9 +157,7 @@ class DeepseekV2Model(DecoderModel):
             max_position_embeddings=c.max_position_embeddings,
         )
         self.mask_plan = MaskPlan.full(c.num_hidden_layers)
-        self.rope_plan = RopePlan.uniform(
-            RopeSpec(theta=c.rope_theta, rotary_dim=c.qk_rope_head_dim, scaling=c.rope_scaling), c.num_hidden_layers
-        )
+        self.rope_plan = _rope_plan_of(c)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(token_ids)
@@ -178,4 +176,10 @@ class DeepseekV2Model(DecoderModel):
     def reference_logits(self, token_ids, rope_plan: RopePlan | None = None, kv_out=None) -> torch.Tensor:
         from models.deepseek_v2.reference import deepseek_v2_reference_logits
 
-        return deepseek_v2_reference_logits(self, token_ids, rope_plan or self.rope_plan, kv_out)
+        # The oracle derives RoPE from the config, never from self.rope_plan (the decode path's data).
+        return deepseek_v2_reference_logits(self, token_ids, rope_plan or _rope_plan_of(self.config), kv_out)
+
+
+def _rope_plan_of(c: DeepseekV2Config) -> RopePlan:
+    spec = RopeSpec(theta=c.rope_theta, rotary_dim=c.qk_rope_head_dim, scaling=c.rope_scaling)
+    return RopePlan.uniform(spec, c.num_hidden_layers)

@@ -70,8 +70,7 @@ class LlamaModel(DecoderModel):
             max_position_embeddings=c.max_position_embeddings,
         )
         self.mask_plan = MaskPlan.full(c.num_hidden_layers)
-        spec = RopeSpec(theta=c.rope_theta, rotary_dim=c.resolved_head_dim, scaling=c.rope_scaling)
-        self.rope_plan = RopePlan.uniform(spec, c.num_hidden_layers)
+        self.rope_plan = _rope_plan_of(c)
 
     # ---- DecodeBackbone ------------------------------------------------------------------
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -86,4 +85,10 @@ class LlamaModel(DecoderModel):
     def reference_logits(self, token_ids: torch.Tensor, rope_plan: RopePlan | None = None, kv_out=None) -> torch.Tensor:
         from models.llama.reference import llama_reference_logits
 
-        return llama_reference_logits(self, token_ids, rope_plan or self.rope_plan, kv_out)
+        # The oracle derives RoPE from the config, never from self.rope_plan (the decode path's data).
+        return llama_reference_logits(self, token_ids, rope_plan or _rope_plan_of(self.config), kv_out)
+
+
+def _rope_plan_of(c: LlamaConfig) -> RopePlan:
+    spec = RopeSpec(theta=c.rope_theta, rotary_dim=c.resolved_head_dim, scaling=c.rope_scaling)
+    return RopePlan.uniform(spec, c.num_hidden_layers)

@@ -9,11 +9,9 @@ will write results.json.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -25,7 +23,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from fuelpipe.config.paths import conf_dir
-from fuelpipe.config.schema import FuelpipeConfig
+from fuelpipe.config.keys import schema_key_problem
 from models.registry import did_you_mean
 
 VERSION_BASE = "1.3"
@@ -103,44 +101,6 @@ def _key_problems(parsed: list[Override]) -> list[str]:
         if problem:
             problems.append(problem)
     return problems
-
-
-def schema_key_problem(dotted: str) -> Optional[str]:
-    """Why ``dotted`` is not a key of the schema, or None.
-
-    Any name is allowed as the key of a Dict field (oracle names are checked
-    by validate()); below a Dict of dataclasses (experiment.oracles.<name>)
-    the walk continues into the dataclass.
-    """
-    node: Any = FuelpipeConfig
-    walked: list[str] = []
-    for part in dotted.split("."):
-        if isinstance(node, _DictOf):
-            node = node.value
-        elif dataclasses.is_dataclass(node):
-            fields = {f.name for f in dataclasses.fields(node)}
-            if part not in fields:
-                return did_you_mean(f"key in {'.'.join(walked) or 'the root config'}", part, fields)
-            node = _field_type(node, part)
-        else:
-            return None  # below a plain value, or a Dict of plain values (model.overrides)
-        walked.append(part)
-    return None
-
-
-@dataclass(frozen=True)
-class _DictOf:
-    value: type  # the dataclass each Dict entry holds
-
-
-def _field_type(cls: type, name: str) -> Any:
-    hint = typing.get_type_hints(cls)[name]
-    if dataclasses.is_dataclass(hint):
-        return hint
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-        return _DictOf(args[1])
-    return None
 
 
 def _values(override: Override) -> list[str]:

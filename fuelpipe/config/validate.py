@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
+from fuelpipe.config.keys import unknown_keys
 from fuelpipe.config.schema import Device, KvLayout, PlanModeName, Weights
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import PASSES
@@ -22,6 +23,9 @@ NOT_YET = "is not available yet (it lands with a later issue)"
 
 
 def validate(cfg: DictConfig) -> list[str]:
+    unknown = unknown_keys(cfg)
+    if unknown:
+        return unknown
     reasons, model_cfg = _model(cfg.model)
     reasons += _kv(cfg, model_cfg)
     reasons += _backend(cfg.backend)

@@ -26,6 +26,7 @@ from fuelpipe.runner.job import run_job
 from fuelpipe.runner.table import render
 
 CONFIG_EXIT = 2
+CONFIG_GROUPS = ("model", "kv", "backend", "plan", "experiment")
 PASSTHROUGH_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "resolve")
 
 
@@ -63,7 +64,8 @@ def run(argv: list[str]) -> int:
 
 def _task(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
-    doc = run_job(cfg, sweep=hc.mode == RunMode.MULTIRUN, overrides=list(hc.overrides.task))
+    choices = {group: hc.runtime.choices[group] for group in CONFIG_GROUPS if group in hc.runtime.choices}
+    doc = run_job(cfg, sweep=hc.mode == RunMode.MULTIRUN, overrides=list(hc.overrides.task), choices=choices)
     path = write_results(Path(hc.runtime.output_dir), doc)
     print(render(doc))
     print(f"results: {path}")

@@ -21,16 +21,16 @@ COLUMNS = (
     "combination", "status", "decode_ms_per_token", "plan_once_ms_per_token", "replan_ms_per_token",
     "replan_over_plan_once", "plan_build_ms", "tokens_per_s", "oracles_passed", "notes", "path",
 )
-# Config fields that name a combination, in label order.
+# Fields of a results document that name a combination, in label order.
 LABEL_FIELDS = (
-    ("model", lambda c: f"{c['model']['family']}_{c['model']['size']}" + _overrides(c["model"].get("overrides"))),
-    ("dtype", lambda c: c["model"]["dtype"]),
-    ("kv", lambda c: c["kv"]["layout"]),
-    ("backend", lambda c: c["backend"]["name"]),
-    ("device", lambda c: c["backend"]["device"]),
-    ("plan", lambda c: c["plan"]["mode"]),
-    ("offsets", lambda c: c["plan"]["offset_mode"] or "model"),
-    ("experiment", lambda c: c["experiment"]["name"]),
+    ("model", lambda d: _model_name(d) + _overrides(d["config"]["model"]["overrides"])),
+    ("dtype", lambda d: d["config"]["model"]["dtype"]),
+    ("kv", lambda d: d["config"]["kv"]["layout"]),
+    ("backend", lambda d: d["config"]["backend"]["name"]),
+    ("device", lambda d: d["config"]["backend"]["device"]),
+    ("plan", lambda d: d["config"]["plan"]["mode"]),
+    ("offsets", lambda d: d["config"]["plan"]["offset_mode"] or "model"),
+    ("experiment", lambda d: d["experiment"]),
 )
 
 
@@ -57,7 +57,7 @@ def collect_rows(root: Path) -> list[dict[str, Any]]:
 
 
 def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str, Any]]:
-    labels = _labels([doc["config"] for _, doc in found])
+    labels = _labels([doc for _, doc in found])
     out = []
     for (path, doc), label in zip(found, labels):
         bench = doc["bench"] or {}
@@ -80,11 +80,17 @@ def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str,
     return out
 
 
-def _labels(configs: list[dict[str, Any]]) -> list[str]:
+def _labels(docs: list[dict[str, Any]]) -> list[str]:
     """Name each combination by the fields that vary across the sweep (all of them if none vary)."""
-    values = [[fn(c) for _, fn in LABEL_FIELDS] for c in configs]
+    values = [[fn(d) for _, fn in LABEL_FIELDS] for d in docs]
     varying = [i for i in range(len(LABEL_FIELDS)) if len({v[i] for v in values}) > 1] or range(len(LABEL_FIELDS))
     return [" ".join(f"{LABEL_FIELDS[i][0]}={v[i]}" for i in varying) for v in values]
+
+
+def _model_name(doc: dict[str, Any]) -> str:
+    """The conf/model option when the run recorded it, else family_size."""
+    model = doc["config"]["model"]
+    return doc["choices"].get("model") or f"{model['family']}_{model['size']}"
 
 
 def _overrides(overrides: Optional[dict[str, Any]]) -> str:

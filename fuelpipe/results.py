@@ -37,6 +37,7 @@ TOP_LEVEL = {
     "bench": (dict, type(None)),
     "config": (dict,),
     "overrides": (list,),
+    "choices": (dict,),
     "env": (dict,),
 }
 ORACLE_KEYS = {
@@ -87,6 +88,7 @@ def results_doc(
     bench: Optional[dict[str, Any]] = None,
     reasons: list[str] = (),
     overrides: list[str] = (),
+    choices: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     exp = config.get("experiment", {})
     return {
@@ -100,6 +102,7 @@ def results_doc(
         "bench": bench,
         "config": config,
         "overrides": list(overrides),
+        "choices": dict(choices or {}),
         "env": env,
     }
 

@@ -24,6 +24,9 @@ def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_pa
     assert doc["status"] == "ok" and doc["passed"] is True
     cfg = doc["config"]
     assert (cfg["model"]["family"], cfg["model"]["size"], cfg["experiment"]["name"]) == ("llama", "tiny", "default")
+    assert doc["choices"] == {
+        "model": "llama_tiny", "kv": "contiguous", "backend": "fx", "plan": "plan_once", "experiment": "default"
+    }
     assert doc["bench"]["replan_over_plan_once"] == ratio or abs(doc["bench"]["replan_over_plan_once"] - ratio) < 0.01
     assert doc["bench"]["cache_policy"] == cfg["plan"]["cache_policy"] == "warm"
     assert doc["env"]["torch"] and doc["env"]["threads"] >= 1 and doc["env"]["device"] == "cpu"

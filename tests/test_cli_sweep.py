@@ -5,7 +5,6 @@ import json
 import os
 
 from conftest import run_cli
-from fuelpipe.report import main as report_main
 from fuelpipe.results import schema_problems
 
 # Two model sizes: the tiny Llama with one and with two layers. When a second tiny family's
@@ -37,8 +36,10 @@ def test_2x2x2_joblib_sweep_and_report(tmp_path):
     assert "sweep: 8 jobs, ok 8" in proc.stdout
 
     out = tmp_path / "report"
-    assert report_main([str(sweep), "--out", str(out)]) == 0
+    proc = run_cli("report", str(sweep), "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
     table = (out / "report.md").read_text().splitlines()
+    assert "\n".join(table) in proc.stdout
     assert len(table) == 2 + 8
     assert "model=llama_tiny[num_hidden_layers=1] backend=eager plan=replan" in table[2]
     csv_rows = (out / "report.csv").read_text().splitlines()

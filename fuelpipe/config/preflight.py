@@ -44,15 +44,19 @@ def preflight(
     multirun: bool = False,
 ) -> Preflight:
     overrides = list(overrides)
+    primary_dir = conf_dir()
     if config_dir:
-        overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
-    with initialize_config_dir(str(conf_dir()), version_base=VERSION_BASE, job_name="fuelpipe"):
+        # Like Hydra's --config-dir: the primary config may live there, with conf/ still searched.
+        overrides.append(f"hydra.searchpath=[file://{primary_dir}]")
+        primary_dir = Path(config_dir).resolve()
+    with initialize_config_dir(str(primary_dir), version_base=VERSION_BASE, job_name="fuelpipe"):
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         try:
             parsed = parser.parse_overrides(overrides)
         except HydraException as err:
             return Preflight([_message(err)], multirun, None)
-        problems = _group_problems(parsed) + _key_problems(parsed)
+        options = _GroupOptions(config_name, [o.input_line for o in parsed if o.key_or_group == "hydra.searchpath"])
+        problems = _group_problems(parsed, options) + _key_problems(parsed, options)
         if problems:
             return Preflight(problems, multirun, None)
         cfg, problem = _compose(config_name, parsed)
@@ -65,7 +69,7 @@ def preflight(
             given = {o.key_or_group for o in parsed}
             extra = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items() if k not in given]
             parsed += parser.parse_overrides(extra)
-            problems = _group_problems(parsed) + _key_problems(parsed)
+            problems = _group_problems(parsed, options) + _key_problems(parsed, options)
             if problems:
                 return Preflight(problems, multirun, None)
             cfg, problem = _compose(config_name, parsed)
@@ -74,13 +78,27 @@ def preflight(
         return Preflight([], multirun, str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
 
 
-def _group_problems(parsed: list[Override]) -> list[str]:
-    loader = GlobalHydra.instance().config_loader()
+@dataclass(frozen=True)
+class _GroupOptions:
+    """The options of a config group, searched where the run will search (hydra.searchpath included)."""
+
+    config_name: str
+    searchpath_overrides: list[str]
+
+    def __call__(self, group: str) -> list[str]:
+        loader = GlobalHydra.instance().config_loader()
+        try:
+            return loader.get_group_options(group, config_name=self.config_name, overrides=self.searchpath_overrides)
+        except HydraException:
+            return []  # the primary config itself is missing: compose reports that
+
+
+def _group_problems(parsed: list[Override], group_options: _GroupOptions) -> list[str]:
     problems = []
     for override in parsed:
         if override.is_delete():
             continue
-        options = loader.get_group_options(override.key_or_group)
+        options = group_options(override.key_or_group)
         if not options:
             continue  # a value override, not a group choice
         for value in _values(override):
@@ -89,13 +107,12 @@ def _group_problems(parsed: list[Override]) -> list[str]:
     return problems
 
 
-def _key_problems(parsed: list[Override]) -> list[str]:
+def _key_problems(parsed: list[Override], group_options: _GroupOptions) -> list[str]:
     """Dotted keys checked against the schema, so a misspelled key names its nearest neighbour."""
-    loader = GlobalHydra.instance().config_loader()
     problems = []
     for override in parsed:
         key = override.key_or_group
-        if key.split(".")[0] == "hydra" or "/" in key or loader.get_group_options(key):
+        if key.split(".")[0] == "hydra" or "/" in key or group_options(key):
             continue  # Hydra's own keys and group choices are checked elsewhere
         problem = schema_key_problem(key)
         if problem:

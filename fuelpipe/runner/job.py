@@ -1,7 +1,7 @@
 """One job: validate the combination, assemble it, run oracles and benchmark, return results.json."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -15,7 +15,13 @@ from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
 
 
-def run_job(cfg: DictConfig, *, sweep: bool = False, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def run_job(
+    cfg: DictConfig,
+    *,
+    sweep: bool = False,
+    overrides: Sequence[str] = (),
+    choices: Optional[Mapping[str, str]] = None,
+) -> dict[str, Any]:
     """The results document of one combination (never raises for an invalid combination).
 
     An invalid combination is ``skipped`` inside a sweep (the sweep goes on)
@@ -32,7 +38,7 @@ def run_job(cfg: DictConfig, *, sweep: bool = False, overrides: Sequence[str] = 
     if asm is None:
         env = env_info(_device_name(cfg), torch.get_num_threads())
         status = SKIPPED if sweep else CONFIG_ERROR
-        return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides)
+        return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides, choices=choices)
 
     exp = cfg.experiment
     names = enabled_oracles(exp)
@@ -54,7 +60,9 @@ def run_job(cfg: DictConfig, *, sweep: bool = False, overrides: Sequence[str] = 
                 on_step=progress.update,
             )
     env = env_info(str(asm.device), asm.threads)
-    return results_doc(status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides)
+    return results_doc(
+        status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
+    )
 
 
 def _device_name(cfg: DictConfig) -> str:

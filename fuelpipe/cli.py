@@ -41,9 +41,6 @@ def run(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser  # Hydra's own parser: same flags, same meaning
 
     args = get_args_parser().parse_args(argv)
-    if any(getattr(args, flag, None) for flag in PASSTHROUGH_FLAGS):
-        _hydra_main(argv)  # --help, --cfg job, --info ...: Hydra answers, nothing runs
-        return 0
     try:
         pre = preflight(
             args.overrides, config_name=args.config_name or "config", config_dir=args.config_dir,
@@ -56,6 +53,9 @@ def run(argv: list[str]) -> int:
         for problem in pre.problems:
             print(f"fuelpipe: configuration error: {problem}", file=sys.stderr)
         return CONFIG_EXIT
+    if any(getattr(args, flag, None) for flag in PASSTHROUGH_FLAGS):
+        _hydra_main(argv)  # --help, --cfg job, --info ...: Hydra answers, nothing runs
+        return 0
     key = "hydra.sweep.dir" if pre.multirun else "hydra.run.dir"
     _hydra_main(argv + [f"{key}={_quoted(pre.output_dir)}"])  # pinned: the run writes where we will read
     out = Path(pre.output_dir)

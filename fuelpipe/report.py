@@ -167,7 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     table = write_report(args.dir, args.out)
     if table is None:
-        print(f"fuelpipe report: no {RESULTS_FILE} under {args.dir}", file=sys.stderr)
+        print(f"fuelpipe report: no well-formed {RESULTS_FILE} under {args.dir}", file=sys.stderr)
         return 2
     print(markdown(table))
     print(f"wrote {Path(args.out or args.dir) / 'report.md'}, report.csv, report.png")

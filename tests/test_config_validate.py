@@ -40,7 +40,8 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
             "rope_theta, tie_word_embeddings, vocab_size",
         ]),
         (["+model.overrides.num_key_value_heads=3"], [
-            "model.overrides: num_attention_heads (4) must be a multiple of num_key_value_heads (3)",
+            "model.overrides={'num_key_value_heads': 3}: num_attention_heads (4) must be a multiple of "
+            "num_key_value_heads (3)",
         ]),
         (["model.weights=gguf", "model.path=/x.gguf"], [
             "model.weights=gguf is not available yet (it lands with a later issue); use model.weights=random",

@@ -63,4 +63,4 @@ def test_report_command_writes_table_csv_and_png(sweep_dir, tmp_path, capsys):
 
 def test_report_on_a_directory_without_results_exits_2(tmp_path, capsys):
     assert report_main([str(tmp_path)]) == 2
-    assert "no results.json under" in capsys.readouterr().err
+    assert "no well-formed results.json under" in capsys.readouterr().err

@@ -70,13 +70,14 @@ def _model(m: DictConfig) -> tuple[list[str], Optional[Any]]:
         return reasons + [did_you_mean(f"model.overrides key for {m.family}", k, known) for k in unknown], None
     try:
         return reasons, build_config(m.family, m.size, **m.overrides)
-    except ConfigError as err:
-        return reasons + [f"model.overrides: {err}"], None
+    except (ConfigError, TypeError, ValueError) as err:  # the family's own checks, or a value of the wrong type
+        return reasons + [f"model.overrides={dict(m.overrides)}: {err}"], None
 
 
 def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
     kv, reasons = cfg.kv, []
-    if kv.layout is KvLayout.latent and cfg.model.family in families() and not families()[cfg.model.family].is_mla:
+    entry = families().get(cfg.model.family)
+    if kv.layout is KvLayout.latent and entry is not None and not entry.is_mla:
         reasons.append(f"kv=latent needs an MLA model family; model.family={cfg.model.family} is not MLA")
     if kv.layout is not KvLayout.contiguous:
         reasons.append(f"kv={kv.layout.value} {NOT_YET}; use kv=contiguous")

@@ -58,11 +58,9 @@ def test_misspelled_group_option_exits_2_before_running(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing ran
 
 
-def test_misspelled_key_and_sweep_value_exit_2(tmp_path):
-    proc = run_cli("experiment.bench.tokenz=3", cwd=tmp_path)
+def test_misspelled_key_exits_2(tmp_path):
+    # (every value of a sweep axis is checked the same way: tests/test_config_preflight.py)
+    proc = run_cli("experiment.bench.tokenz=3", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 2
     assert "unknown key in experiment.bench 'tokenz'; did you mean 'tokens'?" in proc.stderr
-    proc = run_cli("-m", "backend=eager,fxx", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "unknown option for config group 'backend' 'fxx'; did you mean 'fx'?" in proc.stderr
-    assert not (tmp_path / "sweep").exists()
+    assert not (tmp_path / "run").exists()

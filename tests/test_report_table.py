@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from conftest import FAST
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from conftest import CONF, FAST
+from fuelpipe.config.preflight import VERSION_BASE
 from fuelpipe.report import collect_rows, main as report_main, markdown
 from fuelpipe.results import write_results
 from fuelpipe.runner.job import run_job
@@ -15,17 +19,21 @@ LEAN = [*FAST, "experiment=smoke", "experiment.bench.tokens=2",
         *(f"experiment.oracles.{n}.enabled=false" for n in ("vs_reference", "key_sensitivity", "request_isolation"))]
 
 
-@pytest.fixture
-def sweep_dir(compose_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
     """A directory shaped like a sweep: ok, failed and skipped jobs, plus one malformed file."""
+    tmp_path = tmp_path_factory.mktemp("sweep")
     jobs = {
         "0": [],
         "1": ["experiment.oracles.plan_accounting.inject_fault=true"],
         "2": ["kv=latent"],
         "10": ["plan=replan"],
     }
-    for sub, extra in jobs.items():
-        write_results(tmp_path / sub, run_job(compose_cfg([*LEAN, *extra]), sweep=True))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF), version_base=VERSION_BASE):
+        for sub, extra in jobs.items():
+            write_results(tmp_path / sub, run_job(compose("config", overrides=[*LEAN, *extra]), sweep=True))
+    GlobalHydra.instance().clear()
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "results.json").write_text(json.dumps({"status": "ok"}))
     return tmp_path

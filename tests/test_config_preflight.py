@@ -54,3 +54,20 @@ def test_sweep_axes_written_in_a_config_are_checked(tmp_path):
     ]
     # a command-line axis replaces the config's axis of the same key
     assert preflight(["kv=contiguous"], config_name="study", config_dir=str(tmp_path), multirun=True).problems == []
+
+
+def test_conf_dir_follows_the_environment_and_names_a_missing_tree(monkeypatch, tmp_path):
+    import shutil
+
+    import pytest
+
+    from fuelpipe.config.paths import ENV_VAR, conf_dir
+    from fuelpipe.errors import ConfigError
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=rf"nowhere/config.yaml does not exist .*set {ENV_VAR}"):
+        conf_dir()
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "conf"))
+    assert conf_dir() == (tmp_path / "conf").resolve()
+    assert preflight(["backend=eager"]).problems == []

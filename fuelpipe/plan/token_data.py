@@ -67,7 +67,8 @@ class StepBuffers:
         self.rope_cos = torch.empty(host.rope_cos.shape, dtype=dtype, device=device)
         self.rope_sin = torch.empty(host.rope_sin.shape, dtype=dtype, device=device)
         self.mask = torch.empty(host.mask.shape, dtype=dtype, device=device)
-        self.write_index = torch.empty_like(host.write_index, device=device)
+        # Filled at build so a stale-offset plan (negative control) keeps the offset it was built with.
+        self.write_index = host.write_index.to(device, copy=True)
         self.block_table = None if host.block_table is None else torch.empty_like(host.block_table, device=device)
 
     def load(self, host: TokenHostData, *, stale_offset: bool = False) -> None:

@@ -1,0 +1,3 @@
+from fuelpipe.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""Structured-config schema: every key the config tree may hold, with its type and default.
+
+Registered in Hydra's ConfigStore as ``fuelpipe_schema`` and placed first in
+``conf/config.yaml``'s defaults list, so every YAML file merges into these
+dataclasses: a misspelled key or a value outside an enum fails at compose
+time, before anything is built. Cross-field rules (a window larger than the
+cache, ``kv=latent`` on a non-MLA family, ...) live in ``validate.py``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+SCHEMA_NAME = "fuelpipe_schema"
+
+
+class DType(enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Weights(enum.Enum):
+    random = "random"  # deterministic random weights from model.seed
+    gguf = "gguf"  # a .gguf file at model.path (not available yet)
+    hf_dir = "hf_dir"  # a Hugging Face checkpoint directory at model.path (not available yet)
+
+
+class KvLayout(enum.Enum):
+    contiguous = "contiguous"
+    paged = "paged"
+    latent = "latent"
+
+
+class BackendName(enum.Enum):
+    eager = "eager"
+    fx = "fx"
+    inductor = "inductor"
+
+
+class Device(enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"  # cuda when available, else cpu
+
+
+class PlanModeName(enum.Enum):
+    replan = "replan"
+    plan_once = "plan_once"
+    captured = "captured"
+
+
+class CachePolicy(enum.Enum):
+    cold = "cold"
+    warm = "warm"
+
+
+class OffsetMode(enum.Enum):
+    tensor = "tensor"
+    symbol = "symbol"
+
+
+@dataclass
+class ModelConfig:
+    family: str = "llama"
+    size: str = "tiny"
+    dtype: DType = DType.float32
+    weights: Weights = Weights.random
+    seed: int = 0
+    path: Optional[str] = None
+    # Extra fields for the family's config builder (e.g. {num_hidden_layers: 1}).
+    overrides: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KvConfig:
+    layout: KvLayout = KvLayout.contiguous
+    max_seq_len: Optional[int] = None  # null: prompt + generated tokens of the longest run
+    window: Optional[int] = None  # positions kept for sliding-window layers; null: all of max_seq_len
+    block_size: Optional[int] = None  # paged layout only
+
+
+@dataclass
+class BackendConfig:
+    name: BackendName = BackendName.fx
+    device: Device = Device.cpu
+    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "eliminate_dead_code_keeping_writes"])
+    threads: Optional[int] = None  # torch intra-op threads; null: torch's default
+
+
+@dataclass
+class PlanConfig:
+    mode: PlanModeName = PlanModeName.plan_once
+    # What a rebuild may reuse (inductor only): cold = no compile caches, warm = caches may serve it.
+    cache_policy: CachePolicy = CachePolicy.warm
+    offset_mode: Optional[OffsetMode] = None  # null: the model's own path (llama: tensor)
+
+
+@dataclass
+class OracleConfig:
+    enabled: bool = True
+    inject_fault: bool = False  # negative control: inject the fault this oracle exists to catch
+    # Max abs error allowed, per model dtype. Only for tolerance oracles; bit-exact and
+    # counting oracles must leave it empty.
+    tolerance: Dict[str, float] = field(default_factory=dict)
+
+
+def _default_oracles() -> Dict[str, OracleConfig]:
+    return {
+        "plan_vs_replan": OracleConfig(),
+        "vs_reference": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
+        "plan_accounting": OracleConfig(),
+        "key_sensitivity": OracleConfig(),
+        "request_isolation": OracleConfig(),
+    }
+
+
+@dataclass
+class BenchConfig:
+    enabled: bool = True
+    warmup: int = 2  # decode tokens run before measuring (the plan build lands here)
+    tokens: int = 16  # measured decode tokens per arm
+    compare_plans: bool = True  # measure replan and plan_once side by side, interleaved
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    # Token-id prompts. The first drives every oracle and the benchmark; request_isolation
+    # decodes the first two side by side.
+    prompts: List[List[int]] = field(default_factory=lambda: [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13]])
+    new_tokens: int = 8  # decode tokens per oracle run
+    seed: int = 0  # torch's global seed for the job
+    negative_control: bool = False  # inject every enabled oracle's fault (each must then fail)
+    oracles: Dict[str, OracleConfig] = field(default_factory=_default_oracles)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+
+
+@dataclass
+class FuelpipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    kv: KvConfig = field(default_factory=KvConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore (idempotent: storing again replaces the entry)."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=FuelpipeConfig)

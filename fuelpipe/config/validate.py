@@ -1,0 +1,168 @@
+"""Up-front validation of one combination: the list of reasons it cannot run (empty: it can).
+
+Nothing here builds a model or allocates a cache. A single run prints the
+reasons and exits 2; a sweep records the job as skipped with them and goes
+on. Per-key types and enum values are already checked by the schema at
+compose time; these are the rules that span keys or need the registries.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from fuelpipe.config.keys import unknown_keys
+from fuelpipe.config.schema import Device, KvLayout, PlanModeName, Weights
+from fuelpipe.errors import ConfigError
+from fuelpipe.plan.fx_passes import PASSES
+from models.registry import build_config, did_you_mean, families
+
+NOT_YET = "is not available yet (it lands with a later issue)"
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    unknown = unknown_keys(cfg)
+    if unknown:
+        return unknown
+    reasons, model_cfg = _model(cfg.model)
+    reasons += _kv(cfg, model_cfg)
+    reasons += _backend(cfg.backend)
+    reasons += _plan(cfg.plan)
+    reasons += _experiment(cfg.experiment, cfg.model.dtype.value, model_cfg)
+    return reasons
+
+
+def needed_positions(exp: DictConfig) -> int:
+    """KV positions the longest run of this experiment writes (prefill + decode)."""
+    if not exp.prompts:
+        return 0
+    need = max(len(p) for p in exp.prompts) + exp.new_tokens
+    if exp.bench.enabled:
+        need = max(need, len(exp.prompts[0]) + exp.bench.warmup + exp.bench.tokens)
+    return need
+
+
+def resolve_device(device: Device) -> torch.device:
+    if device is Device.auto:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device.value)
+
+
+# ---- per group --------------------------------------------------------------------------------
+def _model(m: DictConfig) -> tuple[list[str], Optional[Any]]:
+    fams = families()
+    if m.family not in fams:
+        return [did_you_mean("model.family", m.family, fams)], None
+    entry = fams[m.family]
+    if m.size not in entry.sizes:
+        return [did_you_mean(f"model.size for family {m.family!r}", m.size, entry.sizes)], None
+    reasons = []
+    if m.weights is not Weights.random:
+        reasons.append(f"model.weights={m.weights.value} {NOT_YET}; use model.weights=random")
+    elif m.path is not None:
+        reasons.append(f"model.path={m.path!r} is set but model.weights=random reads no file")
+    default = build_config(m.family, m.size)
+    known = {f.name for f in dataclasses.fields(default)}
+    unknown = [k for k in m.overrides if k not in known]
+    if unknown:
+        return reasons + [did_you_mean(f"model.overrides key for {m.family}", k, known) for k in unknown], None
+    try:
+        return reasons, build_config(m.family, m.size, **m.overrides)
+    except (ConfigError, TypeError, ValueError) as err:  # the family's own checks, or a value of the wrong type
+        return reasons + [f"model.overrides={dict(m.overrides)}: {err}"], None
+
+
+def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
+    kv, reasons = cfg.kv, []
+    entry = families().get(cfg.model.family)
+    if kv.layout is KvLayout.latent and entry is not None and not entry.is_mla:
+        reasons.append(f"kv=latent needs an MLA model family; model.family={cfg.model.family} is not MLA")
+    if kv.layout is not KvLayout.contiguous:
+        reasons.append(f"kv={kv.layout.value} {NOT_YET}; use kv=contiguous")
+    if kv.block_size is not None and kv.layout is not KvLayout.paged:
+        reasons.append(f"kv.block_size={kv.block_size} applies to kv=paged only, not kv={kv.layout.value}")
+    if kv.block_size is not None and kv.block_size < 1:
+        reasons.append(f"kv.block_size must be >= 1, got {kv.block_size}")
+    need = needed_positions(cfg.experiment)
+    max_seq_len = need if kv.max_seq_len is None else kv.max_seq_len
+    if kv.max_seq_len is not None and kv.max_seq_len < need:
+        reasons.append(
+            f"kv.max_seq_len={kv.max_seq_len} is smaller than the {need} positions the experiment writes "
+            f"(longest prompt + decode tokens)"
+        )
+    limit = getattr(model_cfg, "max_position_embeddings", None)
+    if limit is not None and max_seq_len > limit:
+        reasons.append(
+            f"kv.max_seq_len={max_seq_len} exceeds the model's max_position_embeddings={limit} "
+            f"({cfg.model.family} {cfg.model.size})"
+        )
+    if kv.window is not None:
+        if kv.window < 1:
+            reasons.append(f"kv.window must be >= 1, got {kv.window}")
+        elif kv.window > max_seq_len:
+            reasons.append(f"kv.window={kv.window} is larger than kv.max_seq_len={max_seq_len}")
+        if kv.layout is KvLayout.contiguous:
+            reasons.append(f"kv.window={kv.window}: kv=contiguous keeps every position and has no window")
+    return reasons
+
+
+def _backend(b: DictConfig) -> list[str]:
+    reasons = []
+    if b.device is Device.cuda and not torch.cuda.is_available():
+        reasons.append("backend.device=cuda but torch.cuda.is_available() is False")
+    for name in b.fx_passes:
+        if name not in PASSES:
+            reasons.append(did_you_mean("backend.fx_passes entry", name, PASSES))
+        elif name == "naive_eliminate_dead_code":
+            reasons.append("backend.fx_passes: naive_eliminate_dead_code drops KV writes; it exists only "
+                           "as a negative control (experiment.negative_control)")
+    if b.threads is not None and b.threads < 1:
+        reasons.append(f"backend.threads must be >= 1, got {b.threads}")
+    return reasons
+
+
+def _plan(p: DictConfig) -> list[str]:
+    if p.mode is not PlanModeName.captured:
+        return []
+    if not torch.cuda.is_available():
+        return ["plan=captured needs CUDA (graph capture), but torch.cuda.is_available() is False"]
+    return [f"plan=captured {NOT_YET}; use plan=plan_once"]
+
+
+def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[str]:
+    from fuelpipe.oracles.registry import ORACLES, Tolerance
+
+    reasons = []
+    for name, oc in exp.oracles.items():
+        if name not in ORACLES:
+            reasons.append(did_you_mean("oracle in experiment.oracles", name, ORACLES))
+            continue
+        kind = ORACLES[name].tolerance
+        if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in oc.tolerance:
+            reasons.append(f"experiment.oracles.{name}.tolerance has no entry for model.dtype={dtype}")
+        if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
+            reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
+    enabled = [n for n, oc in exp.oracles.items() if oc.enabled]
+    if not enabled and not exp.bench.enabled:
+        reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")
+    if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
+        reasons.append("experiment.prompts must hold at least one non-empty prompt")
+    elif "request_isolation" in enabled and len(exp.prompts) < 2:
+        reasons.append("request_isolation needs two prompts in experiment.prompts")
+    vocab = getattr(model_cfg, "vocab_size", None)
+    bad = sorted({t for p in exp.prompts for t in p if t < 0 or (vocab is not None and t >= vocab)})
+    if bad:
+        reasons.append(f"experiment.prompts hold token ids {bad} outside the vocabulary [0, {vocab})")
+    if exp.new_tokens < 4 and enabled:
+        reasons.append(
+            f"experiment.new_tokens must be >= 4 (the prefill's token, the build token and two reused ones), "
+            f"got {exp.new_tokens}"
+        )
+    if exp.bench.enabled and (exp.bench.tokens < 1 or exp.bench.warmup < 1):
+        reasons.append(
+            f"experiment.bench needs warmup >= 1 (the build token) and tokens >= 1, "
+            f"got warmup={exp.bench.warmup} tokens={exp.bench.tokens}"
+        )
+    return reasons

@@ -1,0 +1,109 @@
+"""What every oracle receives and returns, and the token-stream helpers they share."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from fuelpipe.backbone import DecodeBackbone
+from fuelpipe.context import InferenceContext
+from fuelpipe.driver import PlanMode
+from fuelpipe.faults import Fault
+from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.sampling import greedy
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a context is made: backend, plan mode and offset path (None: the model's own)."""
+
+    backend: BackendSpec
+    plan: PlanMode
+    offset_mode: Optional[str] = None
+
+    def context(self, model: DecodeBackbone, *, plan: Optional[PlanMode] = None, fault: Fault = Fault.NONE):
+        return InferenceContext(
+            model, self.backend, plan or self.plan, offset_mode=self.offset_mode, fault=fault
+        )
+
+    def with_changes(self, **changes: Any) -> "Setup":
+        return dataclasses.replace(self, **changes)
+
+    def with_backend(self, name: str) -> "Setup":
+        return self.with_changes(backend=dataclasses.replace(self.backend, name=name))
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.backend.name, "plan": self.plan.value, "offset_mode": self.offset_mode}
+
+
+@dataclass(frozen=True)
+class OracleInput:
+    model: DecodeBackbone
+    setup: Setup
+    prompts: tuple[tuple[int, ...], ...]
+    new_tokens: int  # generated tokens per run: one from the prefill, the rest decoded
+    max_seq_len: int  # every cache an oracle allocates has this capacity (it is part of the plan key)
+    other_model: Callable[[], DecodeBackbone]  # same config, different weights
+    tolerance: Optional[float] = None  # max abs error, for tolerance oracles
+    fault: Fault = Fault.NONE  # set only by a negative control
+
+    def cache(self, ctx: InferenceContext) -> ContiguousKvCache:
+        return ctx.new_cache(self.max_seq_len)
+
+
+@dataclass
+class OracleResult:
+    name: str
+    passed: bool
+    metric: dict[str, Any]
+    tolerance: Optional[float]  # 0.0 for bit-exact, None for counting oracles
+    detail: str
+    negative_control: bool = False
+    fault: str = Fault.NONE.value
+    seconds: float = 0.0
+    setup: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def forced_logits(
+    ctx: InferenceContext, cache: ContiguousKvCache, prompt: Sequence[int], tokens: Sequence[int]
+) -> list[torch.Tensor]:
+    """Logits [vocab] for each of ``tokens``' positions with the stream forced to ``tokens``.
+
+    Row 0 comes from the prefill; row i from decoding ``tokens[i-1]``. Both arms
+    of a comparison then see identical inputs, so one divergence cannot
+    cascade into a different token stream.
+    """
+    rows = [ctx.prefill(cache, list(prompt))[0]]
+    for token in tokens[:-1]:
+        rows.append(ctx.decode(cache, token)[0])
+    return rows
+
+
+def greedy_run(ctx: InferenceContext, cache: ContiguousKvCache, prompt: Sequence[int], n: int):
+    """(tokens, logits rows) of a greedy generation of ``n`` tokens."""
+    result = ctx.generate(list(prompt), n, sampler=greedy, cache=cache, keep_logits=True)
+    return result.tokens, result.logits
+
+
+def compare(
+    want: Sequence[torch.Tensor], got: Sequence[torch.Tensor], atol: Optional[float] = None
+) -> tuple[float, Optional[int]]:
+    """(max abs error, first divergent step). Bit-exact (torch.equal) when ``atol`` is None."""
+    if len(want) != len(got):
+        raise ValueError(f"compare: {len(want)} expected rows against {len(got)} observed")
+    worst, first = 0.0, None
+    for step, (a, b) in enumerate(zip(want, got)):
+        err = float((a.float() - b.float()).abs().max())
+        err = float("inf") if math.isnan(err) else err  # NaN never compares: record it as the worst
+        worst = max(worst, err)
+        bad = not torch.equal(a, b) if atol is None else err > atol
+        if bad and first is None:
+            first = step
+    return worst, first

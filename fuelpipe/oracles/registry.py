@@ -1,0 +1,67 @@
+"""The oracle registry: each oracle registered once, with its tolerance kind and its fault.
+
+An experiment names oracles by these keys (``experiment.oracles.<name>``);
+an unknown name fails with "did you mean ...? available: ...". The mapping
+is built once from this module's table and is read-only.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from fuelpipe.driver import PlanMode
+from fuelpipe.errors import ConfigError
+from fuelpipe.faults import Fault
+from fuelpipe.oracles import key_sensitivity, plan_accounting, plan_vs_replan, request_isolation, vs_reference
+from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
+from models.registry import did_you_mean
+
+
+class Tolerance(enum.Enum):
+    BIT_EXACT = "bit-exact"  # torch.equal; recorded tolerance 0.0
+    MAX_ABS = "max-abs"  # max abs error within a per-dtype tolerance from the config
+    COUNTS = "counts"  # builds / rebinds / validity verdicts; no numeric tolerance
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    name: str
+    run: Callable[[OracleInput], OracleResult]
+    tolerance: Tolerance
+    fault: Fault  # what the negative control injects; the oracle must then fail
+    # The setup the fault needs to be observable, applied only under the negative control.
+    fault_setup: Callable[[Setup], Setup] = lambda setup: setup
+
+
+def _fx_symbol_path(setup: Setup) -> Setup:
+    """NAIVE_DCE is an fx pass, and only the symbol path's KV write has no data dependency."""
+    return setup.with_backend("fx").with_changes(offset_mode="symbol")
+
+
+def _plan_once(setup: Setup) -> Setup:
+    """IGNORE_ALLOCATION corrupts reuse; replan reuses nothing."""
+    return setup.with_changes(plan=PlanMode.PLAN_ONCE)
+
+
+_SPECS = (
+    OracleSpec("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
+    OracleSpec(
+        "vs_reference", vs_reference.run, Tolerance.MAX_ABS, Fault.NAIVE_DCE,
+        _fx_symbol_path,
+    ),
+    OracleSpec("plan_accounting", plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_EVERY_TOKEN),
+    OracleSpec("key_sensitivity", key_sensitivity.run, Tolerance.COUNTS, Fault.IGNORE_MODEL_IDENTITY),
+    OracleSpec(
+        "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
+        _plan_once,
+    ),
+)
+ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
+
+
+def oracle(name: str) -> OracleSpec:
+    if name not in ORACLES:
+        raise ConfigError(did_you_mean("oracle", name, ORACLES))
+    return ORACLES[name]

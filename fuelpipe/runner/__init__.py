@@ -1,0 +1,1 @@
+"""From a validated config to results: assemble the pieces, run oracles and benchmarks."""

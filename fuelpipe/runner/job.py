@@ -1,0 +1,72 @@
+"""One job: validate the combination, assemble it, run oracles and benchmark, return results.json."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from fuelpipe.bench.decode import run_decode_bench
+from fuelpipe.config.validate import resolve_device, validate
+from fuelpipe.errors import ConfigError
+from fuelpipe.progress import bar
+from fuelpipe.results import CONFIG_ERROR, SKIPPED, env_info, results_doc, status_of
+from fuelpipe.runner.assemble import assemble
+from fuelpipe.runner.oracles import enabled_oracles, run_oracles
+
+
+def run_job(
+    cfg: DictConfig,
+    *,
+    sweep: bool = False,
+    overrides: Sequence[str] = (),
+    choices: Optional[Mapping[str, str]] = None,
+) -> dict[str, Any]:
+    """The results document of one combination (never raises for an invalid combination).
+
+    An invalid combination is ``skipped`` inside a sweep (the sweep goes on)
+    and a ``config_error`` on its own.
+    """
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    reasons = validate(cfg)
+    asm = None
+    if not reasons:
+        try:
+            asm = assemble(cfg)
+        except ConfigError as err:  # a rule validate() does not know yet: still a configuration problem
+            reasons = [str(err)]
+    if asm is None:
+        env = env_info(_device_name(cfg), torch.get_num_threads())
+        status = SKIPPED if sweep else CONFIG_ERROR
+        return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides, choices=choices)
+
+    exp = cfg.experiment
+    names = enabled_oracles(exp)
+    steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
+    oracles, bench = [], None
+    with bar(steps, f"fuelpipe {exp.name}") as progress:
+        for result in run_oracles(cfg, asm, names):
+            oracles.append(result.to_json())
+            progress.update()
+        if exp.bench.enabled:
+            bench = run_decode_bench(
+                asm.model,
+                asm.setup,
+                exp.prompts[0],
+                warmup=exp.bench.warmup,
+                tokens=exp.bench.tokens,
+                max_seq_len=asm.max_seq_len,
+                compare_plans=exp.bench.compare_plans,
+                on_step=progress.update,
+            )
+    env = env_info(str(asm.device), asm.threads)
+    return results_doc(
+        status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
+    )
+
+
+def _device_name(cfg: DictConfig) -> str:
+    try:
+        return str(resolve_device(cfg.backend.device))
+    except RuntimeError:
+        return cfg.backend.device.value

@@ -1,0 +1,57 @@
+"""The results table a run prints: one line per oracle, then the benchmark."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def render(doc: dict[str, Any]) -> str:
+    cfg = doc["config"]
+    m, b, p = cfg["model"], cfg["backend"], cfg["plan"]
+    lines = [
+        f"fuelpipe {doc['experiment']}: {m['family']} {m['size']} {m['dtype']} | kv={cfg['kv']['layout']} "
+        f"backend={b['name']} plan={p['mode']} device={doc['env']['device']} threads={doc['env']['threads']}"
+    ]
+    if doc["reasons"]:
+        lines.append(f"{doc['status']}: this combination cannot run:")
+        lines += [f"  - {r}" for r in doc["reasons"]]
+    if doc["oracles"]:
+        lines.append(f"{'oracle':<18} {'result':<6} {'metric':<44} tolerance")
+        for o in doc["oracles"]:
+            verdict = "PASS" if o["passed"] else "FAIL"
+            control = f" [negative control: {o['fault']}]" if o["negative_control"] else ""
+            lines.append(f"{o['name']:<18} {verdict:<6} {_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}")
+            if not o["passed"]:
+                lines.append(f"{'':<25}{o['detail']}")
+    bench = doc["bench"]
+    if bench:
+        lines.append(
+            f"bench ({bench['plan_mode']} on {bench['backend']}, {bench['tokens']} tokens after "
+            f"{bench['warmup']} warm-up, cache_policy={bench['cache_policy']}):"
+        )
+        lines.append(
+            f"  decode ms/token  median {bench['decode_ms_per_token']:.3f}  p90 {bench['decode_ms_p90']:.3f}  "
+            f"({bench['tokens_per_s']:.1f} tokens/s, ~{bench['bandwidth_gb_s']:.2f} GB/s)"
+        )
+        lines.append(f"  prefill ms       {bench['prefill_ms']:.3f} ({bench['prompt_tokens']} prompt tokens)")
+        lines.append(f"  plan build ms    {bench['plan_build_ms']:.3f} per build, {bench['plan_builds']} builds")
+        if bench["replan_over_plan_once"] is not None:
+            lines.append(f"  plan_once ms/token {bench['plan_once_ms_per_token']:.3f}")
+            lines.append(f"  replan ms/token    {bench['replan_ms_per_token']:.3f}")
+            lines.append(f"  replan/plan_once   {bench['replan_over_plan_once']:.2f}x")
+        lines.append(f"  peak RSS {bench['peak_rss_mb']:.0f} MB, KV {bench['kv_bytes']} bytes")
+    lines.append(f"status: {doc['status']}")
+    return "\n".join(lines)
+
+
+def _metric(metric: dict[str, Any]) -> str:
+    parts = []
+    for key, value in metric.items():
+        shown = f"{value:.3g}" if isinstance(value, float) else ("-" if value is None else str(value))
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)
+
+
+def _tol(tolerance) -> str:
+    if tolerance is None:
+        return "counts"
+    return "bit-exact" if tolerance == 0 else f"{tolerance:g}"

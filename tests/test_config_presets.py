@@ -1,0 +1,38 @@
+"""Smoke-run every experiment preset on the tiny model, in-process, and check what it ran."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import CONF, FAST
+from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.results import schema_problems
+from fuelpipe.runner.job import run_job
+
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def test_presets_found():
+    assert {"default", "smoke", "parity", "bench", "negative_control"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_on_the_tiny_model(preset, compose_cfg):
+    cfg = compose_cfg([f"experiment={preset}", "model=llama_tiny", *FAST])
+    doc = run_job(cfg)
+    assert schema_problems(doc) == []
+    assert doc["experiment"] == preset
+    exp = cfg.experiment
+    ran = [o["name"] for o in doc["oracles"]]
+    assert ran == [name for name, oc in exp.oracles.items() if oc.enabled]
+    assert set(ran) <= set(ORACLES)
+    assert (doc["bench"] is not None) == exp.bench.enabled
+    if doc["bench"]:
+        assert doc["bench"]["tokens"] == exp.bench.tokens
+        assert doc["bench"]["decode_ms_per_token"] > 0
+    if exp.negative_control:
+        # every oracle must catch its injected fault
+        assert doc["status"] == "failed" and ran
+        assert all(not o["passed"] and o["negative_control"] and o["fault"] != "none" for o in doc["oracles"])
+    else:
+        assert doc["status"] == "ok", [o["detail"] for o in doc["oracles"] if not o["passed"]]
+        assert all(o["fault"] == "none" for o in doc["oracles"])

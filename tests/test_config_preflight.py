@@ -25,9 +25,10 @@ def test_every_value_of_a_sweep_axis_is_checked():
 
 
 def test_keys_are_checked_against_the_schema_even_when_added():
-    pre = preflight(["+kv.windw=4", "experiment.oracles.vs_reference.tolerence.float32=1"])
+    pre = preflight(["+kv.block_sise=4", "experiment.oracles.vs_reference.tolerence.float32=1"])
     assert pre.problems == [
-        "unknown key in kv 'windw'; did you mean 'window'? available: block_size, layout, max_seq_len, window",
+        "unknown key in kv 'block_sise'; did you mean 'block_size'? available: block_size, layout, max_seq_len, "
+        "num_blocks",
         "unknown key in experiment.oracles.vs_reference 'tolerence'; did you mean 'tolerance'? "
         "available: enabled, inject_fault, tolerance",
     ]

@@ -14,20 +14,24 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["kv=latent"], [
-            "kv=latent needs an MLA model family; model.family=llama is not MLA",
-            "kv=latent is not available yet (it lands with a later issue); use kv=contiguous",
+        (["kv=latent"], ["kv=latent needs an MLA model family; model.family=llama is not MLA"]),
+        (["model=deepseek_v2_tiny"], [
+            "kv=contiguous cannot serve the MLA family deepseek_v2: it decodes from kv=latent "
+            "(an expanded cache would give up MLA's memory saving)",
         ]),
-        (["kv=paged"], ["kv=paged is not available yet (it lands with a later issue); use kv=contiguous"]),
+        (["model=deepseek_v2_tiny", "kv=paged"], [
+            "kv=paged cannot serve the MLA family deepseek_v2: it decodes from kv=latent "
+            "(an expanded cache would give up MLA's memory saving)",
+        ]),
+        (["kv=paged", "kv.num_blocks=2"], [
+            "kv.num_blocks=2 is too small: one request of 26 positions needs 2 blocks of 16 plus the null block",
+        ]),
+        (["kv.num_blocks=8"], ["kv.num_blocks=8 applies to kv=paged only, not kv=contiguous"]),
         (["kv.max_seq_len=600"], [
             "kv.max_seq_len=600 exceeds the model's max_position_embeddings=512 (llama tiny)",
         ]),
         (["kv.max_seq_len=10"], [
             "kv.max_seq_len=10 is smaller than the 26 positions the experiment writes (longest prompt + decode tokens)",
-        ]),
-        (["kv.max_seq_len=64", "kv.window=100"], [
-            "kv.window=100 is larger than kv.max_seq_len=64",
-            "kv.window=100: kv=contiguous keeps every position and has no window",
         ]),
         (["model.family=lama"], ["unknown model.family 'lama'; did you mean 'llama'? available: llama"]),
         (["model.size=tinny"], [

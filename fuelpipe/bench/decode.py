@@ -62,7 +62,7 @@ def _sync(device: torch.device) -> None:
 
 def _start(model: DecodeBackbone, setup: Setup, mode: PlanMode, prompt, max_seq_len: int) -> Arm:
     ctx = setup.context(model, plan=mode)
-    cache = ctx.new_cache(max_seq_len)
+    cache = setup.kv.new_cache(ctx, max_seq_len)
     _sync(ctx.device)
     t0 = time.perf_counter()
     logits = ctx.prefill(cache, list(prompt))
@@ -105,6 +105,11 @@ def run_decode_bench(
     ms = by_mode[setup.plan.value]["median_ms"]
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = main.cache.nbytes()
+    kv_per_token = main.cache.bytes_per_token()
+    # MLA: what an equivalent expanded K/V cache would store, for the memory ratio in the report.
+    expanded = getattr(model, "expanded_kv_bytes_per_token", None)
+    elem = torch.empty((), dtype=main.cache.dtype).element_size()
+    expanded_per_token = expanded(elem) if expanded else None
     ratio = None
     if compare_plans:
         ratio = by_mode[PlanMode.REPLAN.value]["median_ms"] / by_mode[PlanMode.PLAN_ONCE.value]["median_ms"]
@@ -123,7 +128,11 @@ def run_decode_bench(
         "tokens_per_s": 1000.0 / ms,
         "peak_rss_mb": peak_rss / MB,
         "peak_device_mb": torch.cuda.max_memory_allocated(device) / MB if device.type == "cuda" else None,
+        "kv_layout": setup.kv.layout,
         "kv_bytes": kv_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "expanded_kv_bytes_per_token": expanded_per_token,
+        "expanded_over_kv": expanded_per_token / kv_per_token if expanded_per_token else None,
         "weight_bytes": weight_bytes,
         "bandwidth_gb_s": (weight_bytes + kv_bytes) / (ms / 1000.0) / 1e9,
         "plan_once_ms_per_token": by_mode.get(PlanMode.PLAN_ONCE.value, {}).get("median_ms"),
@@ -131,3 +140,4 @@ def run_decode_bench(
         "replan_over_plan_once": ratio,
         "arms": by_mode,
     }
+

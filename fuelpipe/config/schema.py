@@ -78,8 +78,8 @@ class ModelConfig:
 class KvConfig:
     layout: KvLayout = KvLayout.contiguous
     max_seq_len: Optional[int] = None  # null: prompt + generated tokens of the longest run
-    window: Optional[int] = None  # positions kept for sliding-window layers; null: all of max_seq_len
     block_size: Optional[int] = None  # paged layout only
+    num_blocks: Optional[int] = None  # paged layout only; null: exactly enough blocks per request
 
 
 @dataclass

@@ -79,14 +79,26 @@ def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
     entry = families().get(cfg.model.family)
     if kv.layout is KvLayout.latent and entry is not None and not entry.is_mla:
         reasons.append(f"kv=latent needs an MLA model family; model.family={cfg.model.family} is not MLA")
-    if kv.layout is not KvLayout.contiguous:
-        reasons.append(f"kv={kv.layout.value} {NOT_YET}; use kv=contiguous")
-    if kv.block_size is not None and kv.layout is not KvLayout.paged:
-        reasons.append(f"kv.block_size={kv.block_size} applies to kv=paged only, not kv={kv.layout.value}")
+    if kv.layout is not KvLayout.latent and entry is not None and entry.is_mla:
+        reasons.append(
+            f"kv={kv.layout.value} cannot serve the MLA family {cfg.model.family}: it decodes from kv=latent "
+            "(an expanded cache would give up MLA's memory saving)"
+        )
+    for name in ("block_size", "num_blocks"):
+        value = getattr(kv, name)
+        if value is not None and kv.layout is not KvLayout.paged:
+            reasons.append(f"kv.{name}={value} applies to kv=paged only, not kv={kv.layout.value}")
     if kv.block_size is not None and kv.block_size < 1:
         reasons.append(f"kv.block_size must be >= 1, got {kv.block_size}")
     need = needed_positions(cfg.experiment)
     max_seq_len = need if kv.max_seq_len is None else kv.max_seq_len
+    if kv.layout is KvLayout.paged and kv.num_blocks is not None and (kv.block_size or 16) >= 1:
+        blocks = -(-max_seq_len // (kv.block_size or 16))
+        if kv.num_blocks < blocks + 1:
+            reasons.append(
+                f"kv.num_blocks={kv.num_blocks} is too small: one request of {max_seq_len} positions needs "
+                f"{blocks} blocks of {kv.block_size or 16} plus the null block"
+            )
     if kv.max_seq_len is not None and kv.max_seq_len < need:
         reasons.append(
             f"kv.max_seq_len={kv.max_seq_len} is smaller than the {need} positions the experiment writes "
@@ -98,13 +110,6 @@ def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
             f"kv.max_seq_len={max_seq_len} exceeds the model's max_position_embeddings={limit} "
             f"({cfg.model.family} {cfg.model.size})"
         )
-    if kv.window is not None:
-        if kv.window < 1:
-            reasons.append(f"kv.window must be >= 1, got {kv.window}")
-        elif kv.window > max_seq_len:
-            reasons.append(f"kv.window={kv.window} is larger than kv.max_seq_len={max_seq_len}")
-        if kv.layout is KvLayout.contiguous:
-            reasons.append(f"kv.window={kv.window}: kv=contiguous keeps every position and has no window")
     return reasons
 
 

@@ -7,6 +7,7 @@ storage or clearing re-mints ``alloc_id``; rewinding keeps it.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -139,5 +140,8 @@ class LatentKvCache:
 
     def bytes_per_token(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        per_layer = sum(int(torch.tensor(t).prod()) for t in self.slot_trailing)
+        per_layer = sum(math.prod(t) for t in self.slot_trailing)
         return self.n_layers * per_layer * elem
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.bound_tensors())

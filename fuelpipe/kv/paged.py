@@ -192,3 +192,7 @@ class PagedSequence:
 
     def bytes_per_token(self) -> int:
         return self.pool.bytes_per_token()
+
+    def nbytes(self) -> int:
+        """Bytes of the blocks this sequence owns (the pool itself may be larger and shared)."""
+        return len(self.blocks) * self.pool.block_size * self.pool.bytes_per_token()

@@ -13,6 +13,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.kv.contiguous import ContiguousKvCache
+from fuelpipe.kv.spec import KvSpec
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.sampling import greedy
 
@@ -24,6 +25,7 @@ class Setup:
     backend: BackendSpec
     plan: PlanMode
     offset_mode: Optional[str] = None
+    kv: KvSpec = KvSpec()
 
     def context(self, model: DecodeBackbone, *, plan: Optional[PlanMode] = None, fault: Fault = Fault.NONE):
         return InferenceContext(
@@ -37,7 +39,8 @@ class Setup:
         return self.with_changes(backend=dataclasses.replace(self.backend, name=name))
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.backend.name, "plan": self.plan.value, "offset_mode": self.offset_mode}
+        return {"backend": self.backend.name, "plan": self.plan.value, "offset_mode": self.offset_mode,
+                "kv": self.kv.layout}
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,8 @@ class OracleInput:
     tolerance: Optional[float] = None  # max abs error, for tolerance oracles
     fault: Fault = Fault.NONE  # set only by a negative control
 
-    def cache(self, ctx: InferenceContext) -> ContiguousKvCache:
-        return ctx.new_cache(self.max_seq_len)
+    def cache(self, ctx: InferenceContext):
+        return self.setup.kv.new_cache(ctx, self.max_seq_len)
 
 
 @dataclass

@@ -31,7 +31,7 @@ def run(inp: OracleInput) -> OracleResult:
     stats = ctx.plan.stats
     checks: list[tuple[str, bool, str]] = []
 
-    first = ctx.new_cache(inp.max_seq_len)
+    first = inp.cache(ctx)
     t0 = greedy(ctx.prefill(first, prompt))
     t1 = greedy(ctx.decode(first, t0))  # builds the held plan
     ctx.decode(first, t1)
@@ -41,7 +41,7 @@ def run(inp: OracleInput) -> OracleResult:
         f"validity={_v(stats.last_validity)} builds={stats.builds} realize_count={ctx.plan.session.realize_count}",
     ))
 
-    second = ctx.new_cache(inp.max_seq_len)
+    second = inp.cache(ctx)
     got = [ctx.prefill(second, prompt)[0], ctx.decode(second, t0)[0]]
     checks.append((
         "new allocation rebound, not rebuilt",
@@ -54,7 +54,7 @@ def run(inp: OracleInput) -> OracleResult:
     other = inp.other_model()
     other_ctx = inp.setup.context(other, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
     other_ctx.plan = ctx.plan  # the held plan now meets a model it was not built for
-    third = other_ctx.new_cache(inp.max_seq_len)
+    third = inp.cache(other_ctx)
     o0 = greedy(other_ctx.prefill(third, prompt))
     got = [other_ctx.decode(third, o0)[0]]
     checks.append((

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.config.validate import needed_positions, resolve_device
 from fuelpipe.driver import PlanMode
+from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BackendSpec
 from models.registry import build_random_model
@@ -45,7 +46,8 @@ def setup_from(cfg: DictConfig) -> Setup:
         cache_policy=cfg.plan.cache_policy.value,
     )
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
-    return Setup(spec, PlanMode.parse(cfg.plan.mode.value), offset)
+    kv = KvSpec(layout=cfg.kv.layout.value, block_size=cfg.kv.block_size or 16, num_blocks=cfg.kv.num_blocks)
+    return Setup(spec, PlanMode.parse(cfg.plan.mode.value), offset, kv)
 
 
 def assemble(cfg: DictConfig) -> Assembly:

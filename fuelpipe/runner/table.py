@@ -38,7 +38,15 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(f"  plan_once ms/token {bench['plan_once_ms_per_token']:.3f}")
             lines.append(f"  replan ms/token    {bench['replan_ms_per_token']:.3f}")
             lines.append(f"  replan/plan_once   {bench['replan_over_plan_once']:.2f}x")
-        lines.append(f"  peak RSS {bench['peak_rss_mb']:.0f} MB, KV {bench['kv_bytes']} bytes")
+        lines.append(
+            f"  peak RSS {bench['peak_rss_mb']:.0f} MB, KV ({bench.get('kv_layout', 'contiguous')}) "
+            f"{bench['kv_bytes']} bytes, {bench.get('kv_bytes_per_token')} bytes/token"
+        )
+        if bench.get("expanded_over_kv"):
+            lines.append(
+                f"  an expanded K/V cache would store {bench['expanded_kv_bytes_per_token']} bytes/token: "
+                f"{bench['expanded_over_kv']:.2f}x this cache"
+            )
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
 

@@ -71,7 +71,7 @@ def test_a_sweep_with_a_failing_job_exits_1_and_an_all_skipped_sweep_exits_2(tmp
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "sweep: 2 jobs, failed 1, ok 1" in proc.stdout
-    proc = run_cli("-m", "kv=paged,latent", "backend=eager", f"hydra.sweep.dir={tmp_path / 'b'}", cwd=tmp_path)
+    proc = run_cli("-m", "kv=latent,latent", "backend=eager", f"hydra.sweep.dir={tmp_path / 'b'}", cwd=tmp_path)
     assert proc.returncode == 2
     assert "every job of the sweep was skipped" in proc.stderr
     assert os.path.isdir(tmp_path / "b")

@@ -33,7 +33,7 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
         (["kv.max_seq_len=10"], [
             "kv.max_seq_len=10 is smaller than the 26 positions the experiment writes (longest prompt + decode tokens)",
         ]),
-        (["model.family=lama"], ["unknown model.family 'lama'; did you mean 'llama'? available: llama"]),
+        (["model.family=lama"], ["unknown model.family 'lama'; did you mean 'llama'? available: deepseek_v2, gemma3, llama, phi, qwen3"]),
         (["model.size=tinny"], [
             "unknown model.size for family 'llama' 'tinny'; did you mean 'tiny'? available: smollm2_135m, tiny",
         ]),

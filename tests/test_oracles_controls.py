@@ -45,7 +45,7 @@ def test_faults_localise_the_divergence(compose_cfg):
     # step 0 is the prefill, step 1 the build token; the stale offset shows on the first reused token
     assert stale.metric["first_divergent_step"] == 2 and stale.metric["max_abs_error"] > 0
     dce = _run(compose_cfg, "vs_reference", ["backend=eager", "experiment.oracles.vs_reference.inject_fault=true"])
-    assert dce.setup == {"backend": "fx", "plan": "plan_once", "offset_mode": "symbol"}
+    assert dce.setup == {"backend": "fx", "plan": "plan_once", "offset_mode": "symbol", "kv": "contiguous"}
     assert dce.metric["first_divergent_step"] == 1  # the build token already lost its KV writes
     accounting = _run(compose_cfg, "plan_accounting", ["experiment.oracles.plan_accounting.inject_fault=true"])
     assert accounting.metric["plan_once_builds"] == 3 and accounting.metric["plan_once_realize_count"] == 0

@@ -1,0 +1,1 @@
+"""Load real checkpoints, offline (GGUF files, HF safetensors directories)."""

@@ -23,6 +23,7 @@ class FamilyEntry:
     model_cls: type
     sizes: dict[str, Callable[..., object]]
     is_mla: bool = False
+    config_cls: type | None = None  # the config dataclass; checkpoint loaders build it from file metadata
 
 
 _FAMILIES: dict[str, FamilyEntry] = {}
@@ -83,4 +84,5 @@ def _load_builtin() -> None:
 def _register_builtin() -> None:
     import models.llama as llama
 
-    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))
+    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m},
+                                config_cls=llama.LlamaConfig))

@@ -81,10 +81,10 @@ def write_llama_gguf(
     w.add_rope_dimension_count(c.resolved_head_dim)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    alphabet = byte_level_alphabet()
-    w.add_token_list(alphabet[: c.vocab_size])
+    tokens = byte_level_alphabet()[: c.vocab_size - 2] + ["ab", "abc"]  # two merges, so the list is not empty
+    w.add_token_list(tokens)
     w.add_token_types([1] * c.vocab_size)
-    w.add_token_merges([])
+    w.add_token_merges(["a b", "ab c"])
     w.add_add_bos_token(False)
     if edit_meta is not None:
         edit_meta(w)

@@ -1,0 +1,163 @@
+"""Shipped checkpoints against Hugging Face transformers loading the same GGUF file.
+
+The oracle is HF's own GGUF path (its own reader, dequantization and Q/K
+un-permutation) in f32. Greedy agreement over 64 tokens is checked by one
+teacher-forced HF forward over fuelpipe's sequence: if HF's argmax at every
+position equals fuelpipe's next token, HF's greedy decode produces the same
+64 ids. Each model loads once per module; Gemma3 is ``slow``.
+"""
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from fuelpipe.context import InferenceContext
+from fuelpipe.weights import load_named
+from fuelpipe.weights.tokenizer import tokenizer_from_gguf
+from fuelpipe.weights.gguf_file import GgufFile
+from models.registry import families
+from weights_helpers import llama_cpp_permute, real_gguf_path
+
+PROMPT = "The capital of France is"
+N_NEW = 64
+REPLAN_STEPS = 16
+FIRST_STEP_ATOL = 1e-3
+TOKENIZER_SAMPLES = [
+    "Hello, world!",
+    "In 2024, 3.14159 × 2 = 6.28318; naïve café déjà vu.",
+    "def f(x):\n    return x ** 2  # square\n\n\tindented\ttabs",
+    "  leading and trailing spaces  ",
+    "日本語のテキストと emoji 🤖🚀",
+]
+
+MODELS = [
+    pytest.param("smollm2_135m", id="smollm2_135m"),
+    pytest.param("gemma3_270m", id="gemma3_270m", marks=pytest.mark.slow),
+]
+FAMILY = {"smollm2_135m": "llama", "gemma3_270m": "gemma3"}
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def name(request):
+    if FAMILY[request.param] not in families():
+        pytest.skip(f"model family {FAMILY[request.param]!r} is not registered on this branch")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def loaded(name):
+    return load_named(name)
+
+
+@pytest.fixture(scope="module")
+def run(loaded):
+    """fuelpipe greedy decode of N_NEW tokens through the fx backend, plan_once, logits kept."""
+    model, tok, _ = loaded
+    prompt = tok.encode(PROMPT)
+    result = InferenceContext(model, "fx").generate(prompt, N_NEW, keep_logits=True)
+    assert len(result.tokens) == N_NEW
+    return prompt, result
+
+
+@pytest.fixture(scope="module")
+def hf(name):
+    """(model, tokenizer) from transformers' own GGUF loader, f32."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    path = real_gguf_path(name)
+    kw = dict(gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path.parent, **kw)
+
+
+@pytest.fixture(scope="module")
+def hf_logits(hf, run):
+    """HF logits at every position of prompt + fuelpipe's tokens (the last token needs no prediction)."""
+    prompt, result = run
+    seq = torch.tensor([prompt + result.tokens[:-1]])
+    with torch.no_grad():
+        return hf[0](seq).logits[0, len(prompt) - 1 :].float()  # [N_NEW, vocab]
+
+
+def test_greedy_tokens_match_hf(run, hf_logits):
+    _, result = run
+    hf_next = hf_logits.argmax(-1).tolist()
+    first_diff = next((i for i, (a, b) in enumerate(zip(result.tokens, hf_next)) if a != b), None)
+    assert first_diff is None, f"first divergence at step {first_diff}: fuelpipe {result.tokens[first_diff]}, HF {hf_next[first_diff]}"
+
+
+def test_first_step_logits_match_hf(run, hf_logits):
+    _, result = run
+    err = (result.logits[0] - hf_logits[0]).abs().max().item()
+    every = (torch.stack(result.logits) - hf_logits).abs().max().item()
+    print(f"max |logit error| vs HF: first step {err:.2e}, all {N_NEW} steps {every:.2e}")
+    assert err <= FIRST_STEP_ATOL
+
+
+def test_negative_control_skipping_one_layers_qk_unpermute_is_caught(name, loaded, run, hf_logits):
+    """The oracle can fail: re-apply llama.cpp's q permutation to one layer and the first step leaves tolerance."""
+    if FAMILY[name] != "llama":
+        pytest.skip("only Llama's GGUF q/k are permuted")
+    model, _, _ = loaded
+    prompt, _ = run
+    attn = model.layers[0].self_attn
+    original = attn.q_proj.weight
+    try:
+        attn.q_proj.weight = nn.Parameter(
+            torch.from_numpy(llama_cpp_permute(original.detach().numpy(), attn.n_heads)), requires_grad=False)
+        wrong = model.reference_logits(torch.tensor([prompt]))[0, -1]
+    finally:
+        attn.q_proj.weight = original
+    assert (wrong - hf_logits[0]).abs().max().item() > FIRST_STEP_ATOL
+
+
+def test_plan_once_equals_replan_bit_exact(loaded, run):
+    model, _, _ = loaded
+    prompt, once = run
+    # Same cache capacity as the plan_once run: attention over a wider buffer may round differently.
+    replan = InferenceContext(model, "fx", "replan").generate(prompt, REPLAN_STEPS, keep_logits=True,
+                                                              max_seq_len=len(prompt) + N_NEW)
+    assert replan.tokens == once.tokens[:REPLAN_STEPS]
+    for step, (a, b) in enumerate(zip(once.logits[:REPLAN_STEPS], replan.logits)):
+        assert torch.equal(a, b), f"first divergence at step {step}"
+
+
+def test_tokenizer_matches_hf(loaded, hf):
+    _, tok, _ = loaded
+    hf_tok = hf[1]
+    for text in TOKENIZER_SAMPLES + [PROMPT]:
+        ids = tok.encode(text)
+        assert ids == hf_tok(text).input_ids, text
+        assert tok.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True), text
+
+
+def test_negative_control_tokenizer_without_half_its_merges_differs(name, hf):
+    path = real_gguf_path(name)
+    md = dict(GgufFile(path).metadata)
+    if "tokenizer.ggml.merges" not in md:
+        pytest.skip("the tokenizer derives its merges from scores")
+    md["tokenizer.ggml.merges"] = md["tokenizer.ggml.merges"][: len(md["tokenizer.ggml.merges"]) // 2]
+    crippled = tokenizer_from_gguf(path, md)
+    assert any(crippled.encode(t) != hf[1](t).input_ids for t in TOKENIZER_SAMPLES)
+
+
+def test_chat_template_matches_hf(loaded, hf):
+    _, tok, _ = loaded
+    if tok.chat_template is None:
+        pytest.skip("this checkpoint carries no chat template")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    want = hf[1].apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert tok.render_chat(messages) == want
+    assert tok.encode_chat(messages) == hf[1].apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                                  return_dict=False)
+
+
+def test_load_report(loaded):
+    _, _, report = loaded
+    print(report.summary())
+    assert report.load_s > 0 and set(report.timings_s) >= {"header", "build", "weights", "tokenizer"}
+    assert report.weights_mb == pytest.approx(report.n_params * 4 / 2**20)
+    if not report.peak_is_process_lifetime:
+        growth = report.peak_rss_mb - report.rss_before_mb
+        assert growth < 2 * report.weights_mb, f"load grew RSS by {growth:.0f} MB for {report.weights_mb:.0f} MB of weights"

@@ -86,3 +86,15 @@ def _register_builtin() -> None:
 
     register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m},
                                 config_cls=llama.LlamaConfig))
+    import models.phi as phi
+
+    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k},
+                                config_cls=phi.PhiConfig))
+    import models.qwen3 as qwen3
+
+    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b},
+                                config_cls=qwen3.Qwen3Config))
+    import models.gemma3 as gemma3
+
+    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b},
+                                config_cls=gemma3.Gemma3Config))

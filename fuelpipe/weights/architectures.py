@@ -217,8 +217,153 @@ _LLAMA_GGUF = (
     *_linear("blk.{i}.ffn_down", "layers.{i}.mlp.down_proj"),
 )
 
+# ---- Gemma 3 (text) ----------------------------------------------------------------------
+GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's gemma3 hparams: every 6th layer global (not stored in the file)
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # llama.cpp's gemma3 rope_freq_base_train_swa (not stored in the file)
+GEMMA3_27B_LAYERS = 62  # llama.cpp scales 27B queries by (hidden / heads), every other size by head_dim
+
+
+def _gemma3_gguf_config(m: GgufConfigReader) -> dict:
+    key_length, value_length = int(m.req("attention.key_length")), int(m.opt("attention.value_length", 0))
+    if value_length and value_length != key_length:
+        raise CheckpointConfigError(m.path, f"{m.arch}.attention.value_length {value_length} differs from "
+                                            f"key_length {key_length}")
+    heads, hidden, layers = int(m.req("attention.head_count")), int(m.req("embedding_length")), int(m.req("block_count"))
+    softcap = m.opt("final_logit_softcapping")
+    if m.opt("attn_logit_softcapping") is not None:
+        raise CheckpointConfigError(m.path, f"{m.arch}.attn_logit_softcapping is not supported by the gemma3 family")
+    return dict(
+        vocab_size=m.rows("token_embd.weight"),
+        hidden_size=hidden,
+        intermediate_size=int(m.req("feed_forward_length")),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(m.opt("attention.head_count_kv", heads)),
+        head_dim=key_length,
+        query_pre_attn_scalar=hidden / heads if layers == GEMMA3_27B_LAYERS else key_length,
+        rms_norm_eps=float(m.req("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(m.opt("rope.freq_base", 1_000_000.0)),
+        rope_local_base_freq=GEMMA3_LOCAL_ROPE_BASE,
+        rope_scaling=m.rope_scaling(),
+        max_position_embeddings=int(m.req("context_length")),
+        sliding_window=int(m.req("attention.sliding_window")),
+        sliding_window_pattern=GEMMA3_SLIDING_PATTERN,
+        final_logit_softcapping=None if softcap is None else float(softcap),
+    )
+
+
+def _gemma3_hf_config(h: HfConfigReader) -> dict:
+    h.require_activation("hidden_activation", ("gelu_pytorch_tanh",))
+    if h.opt("attn_logit_softcapping") is not None:
+        raise CheckpointConfigError(h.path, "config.json attn_logit_softcapping is not supported by the gemma3 family")
+    if not h.opt("tie_word_embeddings", True):
+        raise CheckpointConfigError(h.path, "config.json unties the head; the gemma3 family always ties it")
+    params = h.cfg.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5: one RoPE entry per layer kind
+        theta, scaling = HfConfigReader(h.path, {"rope_parameters": params["full_attention"]}).rope()
+        local_theta, local_scaling = HfConfigReader(h.path, {"rope_parameters": params["sliding_attention"]}).rope()
+        if local_scaling.kind != "none":
+            raise CheckpointConfigError(h.path, "RoPE scaling on sliding layers is not supported by the gemma3 family")
+    else:
+        theta, scaling = h.rope(default_theta=1_000_000.0)
+        local_theta = float(h.opt("rope_local_base_freq", 10_000.0))
+    heads = int(h.req("num_attention_heads"))
+    layer_types = h.opt("layer_types")
+    return dict(
+        vocab_size=int(h.req("vocab_size")),
+        hidden_size=int(h.req("hidden_size")),
+        intermediate_size=int(h.req("intermediate_size")),
+        num_hidden_layers=int(h.req("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
+        head_dim=int(h.opt("head_dim", 256)),
+        query_pre_attn_scalar=float(h.opt("query_pre_attn_scalar", 256)),
+        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_local_base_freq=local_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(h.opt("max_position_embeddings", 131072)),
+        sliding_window=int(h.opt("sliding_window", 4096)),
+        sliding_window_pattern=int(h.opt("sliding_window_pattern", h.opt("_sliding_window_pattern", 6))),
+        layer_types=tuple(layer_types) if layer_types is not None else None,
+        final_logit_softcapping=h.opt("final_logit_softcapping"),
+    )
+
+
+_GEMMA3_GGUF = (
+    TensorRule("token_embd.weight", "embed_tokens.weight"),
+    TensorRule("output_norm.weight", "norm.weight", minus_one),
+    TensorRule("blk.{i}.attn_norm.weight", "layers.{i}.input_layernorm.weight", minus_one),
+    TensorRule("blk.{i}.attn_q.weight", "layers.{i}.self_attn.q_proj.weight"),
+    TensorRule("blk.{i}.attn_k.weight", "layers.{i}.self_attn.k_proj.weight"),
+    TensorRule("blk.{i}.attn_v.weight", "layers.{i}.self_attn.v_proj.weight"),
+    TensorRule("blk.{i}.attn_output.weight", "layers.{i}.self_attn.o_proj.weight"),
+    TensorRule("blk.{i}.attn_q_norm.weight", "layers.{i}.self_attn.q_norm.weight", minus_one),
+    TensorRule("blk.{i}.attn_k_norm.weight", "layers.{i}.self_attn.k_norm.weight", minus_one),
+    TensorRule("blk.{i}.post_attention_norm.weight", "layers.{i}.post_attention_layernorm.weight", minus_one),
+    TensorRule("blk.{i}.ffn_norm.weight", "layers.{i}.pre_feedforward_layernorm.weight", minus_one),
+    TensorRule("blk.{i}.post_ffw_norm.weight", "layers.{i}.post_feedforward_layernorm.weight", minus_one),
+    TensorRule("blk.{i}.ffn_gate.weight", "layers.{i}.mlp.gate_proj.weight"),
+    TensorRule("blk.{i}.ffn_up.weight", "layers.{i}.mlp.up_proj.weight"),
+    TensorRule("blk.{i}.ffn_down.weight", "layers.{i}.mlp.down_proj.weight"),
+)
+
+
+# ---- Qwen3 and Phi-3 (HF directories) -------------------------------------------------------
+def _qwen3_hf_config(h: HfConfigReader) -> dict:
+    h.require_activation("hidden_act", ("silu",))
+    theta, scaling = h.rope()
+    heads = int(h.req("num_attention_heads"))
+    layer_types = h.opt("layer_types")
+    return dict(
+        vocab_size=int(h.req("vocab_size")),
+        hidden_size=int(h.req("hidden_size")),
+        intermediate_size=int(h.req("intermediate_size")),
+        num_hidden_layers=int(h.req("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
+        head_dim=int(h.opt("head_dim", int(h.req("hidden_size")) // heads)),
+        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(h.opt("max_position_embeddings", 32768)),
+        tie_word_embeddings=bool(h.opt("tie_word_embeddings", False)),
+        attention_bias=bool(h.opt("attention_bias", False)),
+        use_sliding_window=bool(h.opt("use_sliding_window", False)),
+        sliding_window=h.opt("sliding_window"),
+        max_window_layers=int(h.opt("max_window_layers", int(h.req("num_hidden_layers")))),
+        layer_types=tuple(layer_types) if layer_types is not None else None,
+    )
+
+
+def _phi3_hf_config(h: HfConfigReader) -> dict:
+    h.require_activation("hidden_act", ("silu",))
+    theta, scaling = h.rope()
+    if scaling.kind != "none":
+        raise CheckpointConfigError(h.path, f"RoPE scaling {scaling.kind!r} is not supported by the phi family")
+    params = h.cfg.get("rope_parameters") or {}
+    heads = int(h.req("num_attention_heads"))
+    return dict(
+        vocab_size=int(h.req("vocab_size")),
+        hidden_size=int(h.req("hidden_size")),
+        intermediate_size=int(h.req("intermediate_size")),
+        num_hidden_layers=int(h.req("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
+        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-5)),
+        rope_theta=theta,
+        partial_rotary_factor=float(h.opt("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))),
+        max_position_embeddings=int(h.opt("max_position_embeddings", 4096)),
+        sliding_window=h.opt("sliding_window"),
+        tie_word_embeddings=bool(h.opt("tie_word_embeddings", False)),
+    )
+
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", "llama", ("LlamaForCausalLM",), _llama_gguf_config, _llama_hf_config, _LLAMA_GGUF),
+    Architecture("gemma3", "gemma3", ("Gemma3ForCausalLM",), _gemma3_gguf_config, _gemma3_hf_config, _GEMMA3_GGUF),
+    Architecture("qwen3", None, ("Qwen3ForCausalLM",), None, _qwen3_hf_config),
+    Architecture("phi", None, ("Phi3ForCausalLM",), None, _phi3_hf_config),
 )
 
 

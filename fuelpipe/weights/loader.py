@@ -190,6 +190,15 @@ def _check_shape(path: Path, src: str, got: tuple[int, ...], want: tuple[int, ..
         raise TensorShapeError(path, f"tensor {src!r} has shape {list(got)}, but {target} needs {list(want)}")
 
 
+def _put(path: Path, tensors: dict[str, torch.Tensor], first: dict[str, str], p: "_Planned", w: torch.Tensor) -> None:
+    """Keep ``w`` for its parameter; a second source for one tied parameter must hold the same values."""
+    if p.target not in tensors:
+        tensors[p.target], first[p.target] = w, p.source
+    elif not torch.equal(tensors[p.target], w):
+        raise CheckpointConfigError(path, f"tensors {first[p.target]!r} and {p.source!r} both load the tied "
+                                          f"parameter {p.target} but differ (is the head really tied?)")
+
+
 def _assign(path: Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """``load_state_dict(assign=True)`` for every name, then re-tie tensors the model shared."""
     groups = _param_groups(model)
@@ -250,18 +259,13 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
 
     t0 = time.perf_counter()
     tensors: dict[str, torch.Tensor] = {}
+    first: dict[str, str] = {}
     for p in plan:
         info = f.tensors[p.source]
         w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
         if p.transform is not None:
             w = p.transform(w, config)
-        w = w.to(dtype)
-        if p.target in tensors:  # a second source for one shared tensor must agree with the first
-            if not torch.equal(tensors[p.target], w):
-                raise CheckpointConfigError(path, f"tensor {p.source!r} should equal the tensor it is tied to "
-                                                  f"({p.target}) but differs")
-            continue
-        tensors[p.target] = w
+        _put(path, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
     report_times["weights"] = time.perf_counter() - t0
     types = Counter(f.tensors[p.source].type_name for p in plan)
@@ -345,6 +349,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
 
     t0 = time.perf_counter()
     tensors: dict[str, torch.Tensor] = {}
+    first: dict[str, str] = {}
     types: Counter = Counter()
     for p in plan:
         file, h = owner[p.source]
@@ -353,13 +358,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         except SafetensorError as e:
             raise CheckpointFormatError(file, f"tensor {p.source!r} cannot be read: {e}") from None
         types[str(w.dtype).removeprefix("torch.")] += 1
-        w = w.to(dtype)
-        if p.target in tensors:
-            if not torch.equal(tensors[p.target], w):
-                raise CheckpointConfigError(file, f"tensor {p.source!r} should equal the tensor it is tied to "
-                                                  f"({p.target}) but differs")
-            continue
-        tensors[p.target] = w
+        _put(file, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
     report_times["weights"] = time.perf_counter() - t0
     return model, config, names[0], dict(types)

@@ -197,18 +197,21 @@ def _gguf_bpe(path: Path, md: dict[str, Any], vocab: dict[str, int]) -> Tokenize
 
 def _spm_merges(tokens: list[str], vocab: dict[str, int], types: np.ndarray, scores: np.ndarray) -> list[tuple[str, str]]:
     """Every split of a normal token into two mergeable pieces, best (highest score, then lowest id) first."""
-    mergeable = {t for t, i in vocab.items() if types[i] == NORMAL}
-    ranked = []
-    for i in np.flatnonzero(types == NORMAL):
+    normal = np.flatnonzero(types == NORMAL)
+    mergeable = {tokens[i] for i in normal}
+    ranked = normal[np.lexsort((normal, -scores[normal]))]  # visit tokens best first: no sort of the pairs
+    merges = []
+    for i in ranked.tolist():
         t = tokens[i]
-        if vocab.get(t) != i:
+        if vocab[t] != i:
             continue
         for k in range(1, len(t)):
-            a, b = t[:k], t[k:]
-            if a in mergeable and b in mergeable:
-                ranked.append((-float(scores[i]), int(i), k, a, b))
-    ranked.sort()
-    return [(a, b) for *_, a, b in ranked]
+            a = t[:k]
+            if a in mergeable:
+                b = t[k:]
+                if b in mergeable:
+                    merges.append((a, b))
+    return merges
 
 
 def _gguf_spm(path: Path, md: dict[str, Any], tokens: list[str], vocab: dict[str, int], types: np.ndarray) -> Tokenizer:

@@ -6,16 +6,17 @@ teacher-forced HF forward over fuelpipe's sequence: if HF's argmax at every
 position equals fuelpipe's next token, HF's greedy decode produces the same
 64 ids. Each model loads once per module; Gemma3 is ``slow``.
 """
-import os
+import json
 
 import pytest
 import torch
+from safetensors.torch import save_model
 from torch import nn
 
 from fuelpipe.context import InferenceContext
-from fuelpipe.weights import load_named
-from fuelpipe.weights.tokenizer import tokenizer_from_gguf
+from fuelpipe.weights import load_model, load_named
 from fuelpipe.weights.gguf_file import GgufFile
+from fuelpipe.weights.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from models.registry import families
 from weights_helpers import llama_cpp_permute, real_gguf_path
 
@@ -28,6 +29,7 @@ TOKENIZER_SAMPLES = [
     "In 2024, 3.14159 × 2 = 6.28318; naïve café déjà vu.",
     "def f(x):\n    return x ** 2  # square\n\n\tindented\ttabs",
     "  leading and trailing spaces  ",
+    "<|im_start|>user\nHi<|im_end|> <start_of_turn>model\n",
     "日本語のテキストと emoji 🤖🚀",
 ]
 
@@ -132,14 +134,29 @@ def test_tokenizer_matches_hf(loaded, hf):
         assert tok.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True), text
 
 
-def test_negative_control_tokenizer_without_half_its_merges_differs(name, hf):
+def test_negative_control_crippled_tokenizer_differs(name, hf):
+    """The tokenizer comparison can fail: drop half the merges (BPE) or reverse the scores (SentencePiece)."""
     path = real_gguf_path(name)
     md = dict(GgufFile(path).metadata)
-    if "tokenizer.ggml.merges" not in md:
-        pytest.skip("the tokenizer derives its merges from scores")
-    md["tokenizer.ggml.merges"] = md["tokenizer.ggml.merges"][: len(md["tokenizer.ggml.merges"]) // 2]
+    if "tokenizer.ggml.merges" in md:
+        md["tokenizer.ggml.merges"] = md["tokenizer.ggml.merges"][: len(md["tokenizer.ggml.merges"]) // 2]
+    else:
+        md["tokenizer.ggml.scores"] = -md["tokenizer.ggml.scores"]
     crippled = tokenizer_from_gguf(path, md)
     assert any(crippled.encode(t) != hf[1](t).input_ids for t in TOKENIZER_SAMPLES)
+
+
+def test_smollm_pre_tokenizer_isolates_every_numeric_character(name, loaded):
+    """llama.cpp's ``smollm`` pre-type (like SmolLM2's own tokenizer.json) splits each \\p{N} character off first.
+
+    transformers' GGUF tokenizer ignores the pre-type, so on non-ASCII numerics (Ⅻ, ½) it merges across
+    them and disagrees with llama.cpp; the samples above therefore keep to ASCII digits.
+    """
+    if name != "smollm2_135m":
+        pytest.skip("SmolLM2's pre-type")
+    _, tok, _ = loaded
+    pieces = [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str(" 42 ½Ⅻ")]
+    assert pieces == ["Ġ", "4", "2", "Ġ", "Â½", "âħ«"]
 
 
 def test_chat_template_matches_hf(loaded, hf):
@@ -161,3 +178,33 @@ def test_load_report(loaded):
     if not report.peak_is_process_lifetime:
         growth = report.peak_rss_mb - report.rss_before_mb
         assert growth < 2 * report.weights_mb, f"load grew RSS by {growth:.0f} MB for {report.weights_mb:.0f} MB of weights"
+
+
+def test_tokenizer_json_written_by_transformers(loaded, hf, tmp_path):
+    """The HF-directory tokenizer path: transformers writes tokenizer.json (+ config) for the same vocabulary."""
+    hf[1].save_pretrained(tmp_path)
+    tok = tokenizer_from_hf_dir(tmp_path)
+    for text in TOKENIZER_SAMPLES + [PROMPT]:
+        ids = tok.encode(text)
+        assert ids == hf[1](text).input_ids == loaded.tokenizer.encode(text), text
+        assert tok.decode(ids) == loaded.tokenizer.decode(ids), text
+    assert tok.stop_ids == loaded.tokenizer.stop_ids
+    if tok.chat_template is not None:
+        messages = [{"role": "user", "content": "Hi"}]
+        assert tok.render_chat(messages) == loaded.tokenizer.render_chat(messages)
+
+
+def test_hf_directory_of_the_same_checkpoint(name, loaded, hf, tmp_path):
+    """The same weights as an HF directory (transformers will not save a GGUF-loaded model, so the
+    safetensors are written from its state dict) load to what the GGUF gave: both sides dequantized
+    the same blocks."""
+    hf_model = hf[0]
+    cfg = json.loads(hf_model.config.to_json_string())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": [type(hf_model).__name__]}))
+    save_model(hf_model, str(tmp_path / "model.safetensors"))
+    hf[1].save_pretrained(tmp_path)
+    model, tok, report = load_model(tmp_path)
+    assert report.format == "safetensors" and type(model) is type(loaded.model) and tok is not None
+    ours = loaded.model.state_dict()
+    worst = max((t - ours[k]).abs().max().item() for k, t in model.state_dict().items())
+    assert worst <= 1e-6, f"max |weight difference| {worst:.2e}"

@@ -9,7 +9,7 @@ import torch
 from fuelpipe.weights import load_model
 from fuelpipe.weights.gguf_file import GgufFile
 from models.registry import build_random_model
-from weights_helpers import llama_gguf_tensors, write_llama_gguf
+from weights_helpers import gemma3_gguf_tensors, llama_gguf_tensors, write_gemma3_gguf, write_llama_gguf
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -72,3 +72,27 @@ def test_reader_agrees_with_gguf_reader(tiny, tmp_path):
         assert info.shape == tuple(int(d) for d in reversed(t.shape)) and info.ggml_type == int(t.tensor_type)
         assert info.offset == t.data_offset and info.nbytes == t.n_bytes
         np.testing.assert_array_equal(ours.raw(info), np.asarray(t.data).reshape(-1).view(np.uint8))
+
+
+def test_gemma3_round_trip_subtracts_the_stored_norm_offset(tmp_path):
+    """llama.cpp stores Gemma norms as (1 + w); the family's RMSNorm wants w. Local/global layers, the
+    local RoPE base and the query scale are not in the file: llama.cpp's values (pattern 6, 10000,
+    head_dim) are what the tiny config is given here, so the config must round-trip exactly."""
+    tiny = build_random_model("gemma3", "tiny", seed=7, query_pre_attn_scalar=16)
+    model, _, _ = load_model(write_gemma3_gguf(tmp_path / "g.gguf", tiny))
+    eps_as_stored = float(np.float32(tiny.config.rms_norm_eps))
+    assert model.config == replace(tiny.config, rms_norm_eps=eps_as_stored)
+    assert model.mask_plan == tiny.mask_plan and model.rope_plan == tiny.rope_plan
+    for name, want in tiny.state_dict().items():
+        # (1 + w) - 1 rounds at f32's resolution near 1 (2**-23); every other tensor is bit-exact.
+        atol = 2.0**-23 if "norm" in name else 0.0
+        torch.testing.assert_close(model.state_dict()[name], want, atol=atol, rtol=0, msg=name)
+    ids = torch.tensor([[3, 17, 42, 7, 99, 1, 250, 8, 8, 64, 5, 30]])
+    torch.testing.assert_close(model.reference_logits(ids), tiny.reference_logits(ids), atol=1e-5, rtol=0)
+
+
+def test_negative_control_gemma3_norms_stored_without_the_offset_load_wrong(tmp_path):
+    tiny = build_random_model("gemma3", "tiny", seed=7, query_pre_attn_scalar=16)
+    plain = write_gemma3_gguf(tmp_path / "plain.gguf", tiny, tensors=gemma3_gguf_tensors(tiny, norm_offset=0.0))
+    model, _, _ = load_model(plain)
+    torch.testing.assert_close(model.norm.weight, tiny.norm.weight - 1.0, atol=2.0**-23, rtol=0)

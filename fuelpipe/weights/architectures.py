@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from fuelpipe.masks import FULL, SLIDING
 from fuelpipe.rope import RopeScaling
 from fuelpipe.weights.errors import CheckpointConfigError
 
@@ -218,8 +219,9 @@ _LLAMA_GGUF = (
 )
 
 # ---- Gemma 3 (text) ----------------------------------------------------------------------
-GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's gemma3 hparams: every 6th layer global (not stored in the file)
-GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # llama.cpp's gemma3 rope_freq_base_train_swa (not stored in the file)
+# Older gemma3 files do not store these two; llama.cpp then uses these values.
+GEMMA3_SLIDING_PATTERN = 6  # every 6th layer global
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # RoPE base of the sliding layers
 GEMMA3_27B_LAYERS = 62  # llama.cpp scales 27B queries by (hidden / heads), every other size by head_dim
 
 
@@ -243,13 +245,24 @@ def _gemma3_gguf_config(m: GgufConfigReader) -> dict:
         query_pre_attn_scalar=hidden / heads if layers == GEMMA3_27B_LAYERS else key_length,
         rms_norm_eps=float(m.req("attention.layer_norm_rms_epsilon")),
         rope_theta=float(m.opt("rope.freq_base", 1_000_000.0)),
-        rope_local_base_freq=GEMMA3_LOCAL_ROPE_BASE,
+        rope_local_base_freq=float(m.opt("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
         rope_scaling=m.rope_scaling(),
         max_position_embeddings=int(m.req("context_length")),
         sliding_window=int(m.req("attention.sliding_window")),
-        sliding_window_pattern=GEMMA3_SLIDING_PATTERN,
+        **_gemma3_gguf_layer_kinds(m, layers),
         final_logit_softcapping=None if softcap is None else float(softcap),
     )
+
+
+def _gemma3_gguf_layer_kinds(m: GgufConfigReader, layers: int) -> dict:
+    """``attention.sliding_window_pattern``: a period, or one bool per layer (true: sliding)."""
+    pattern = m.opt("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+    if isinstance(pattern, int):
+        return dict(sliding_window_pattern=pattern)
+    if len(pattern) != layers:
+        raise CheckpointConfigError(m.path, f"{m.arch}.attention.sliding_window_pattern has {len(pattern)} "
+                                            f"entries for {layers} layers")
+    return dict(layer_types=tuple(SLIDING if bool(s) else FULL for s in pattern))
 
 
 def _gemma3_hf_config(h: HfConfigReader) -> dict:

@@ -194,6 +194,7 @@ def test_tokenizer_json_written_by_transformers(loaded, hf, tmp_path):
         assert tok.render_chat(messages) == loaded.tokenizer.render_chat(messages)
 
 
+@pytest.mark.slow  # writes and re-reads the full f32 checkpoint; the tiny HF directories cover the mapping
 def test_hf_directory_of_the_same_checkpoint(name, loaded, hf, tmp_path):
     """The same weights as an HF directory (transformers will not save a GGUF-loaded model, so the
     safetensors are written from its state dict) load to what the GGUF gave: both sides dequantized

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 pytest.importorskip("transformers")
 
@@ -75,3 +76,14 @@ def test_truncated_safetensors_is_refused(tmp_path):
     with pytest.raises(CheckpointFormatError) as info:
         load_model(tmp_path)
     assert str(weights) in str(info.value)
+
+
+def test_derived_rotary_buffers_in_old_checkpoints_are_skipped(tmp_path):
+    ours, hf = build_pair("llama", seed=17)
+    save(hf, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    model, _, _ = load_model(tmp_path)
+    assert torch.equal(model.reference_logits(IDS), ours.reference_logits(IDS))

@@ -32,6 +32,8 @@ from fuelpipe.weights.errors import (
     UnexpectedTensorError, UnknownArchitectureError, UnsupportedFormatError, UnsupportedQuantError, WeightsError,
 )
 from fuelpipe.weights.gguf_file import GgufFile
+from fuelpipe.weights.named import named_path
+from fuelpipe.weights.tokenizer import TextTokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 from models.registry import did_you_mean, family
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -69,7 +71,7 @@ class LoadReport:
 
 class LoadedModel(NamedTuple):
     model: torch.nn.Module
-    tokenizer: Any  # fuelpipe.weights.tokenizer.TextTokenizer, or None when not requested
+    tokenizer: Optional[TextTokenizer]  # None when not requested, or an HF directory without tokenizer.json
     report: LoadReport
 
 
@@ -295,6 +297,10 @@ def _hf_weight_files(path: Path) -> list[Path]:
     raise UnsupportedFormatError(path, "the directory has no *.safetensors weights")
 
 
+# Buffers older transformers wrote into checkpoints that are derived from the config, not weights.
+_HF_DERIVED = ("rotary_emb.inv_freq",)
+
+
 def _hf_param_name(name: str) -> str:
     """HF checkpoint name -> family parameter name: the families follow HF names minus the ``model.`` prefix."""
     return name[len("model."):] if name.startswith("model.") else name
@@ -334,6 +340,8 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
             h = safe_open(str(file), framework="pt")
             handles.append(h)
             for name in h.keys():
+                if name.endswith(_HF_DERIVED):
+                    continue
                 if name in owner:
                     raise CheckpointFormatError(file, f"tensor {name!r} also appears in {owner[name][0].name}")
                 owner[name] = (file, h)
@@ -386,3 +394,52 @@ def sniff_format(path: Path) -> str:
                                            "(config.json + *.safetensors)")
     raise UnsupportedFormatError(path, f"unrecognised checkpoint (first bytes {head!r}); "
                                        "expected a .gguf file or an HF safetensors directory")
+
+
+# ---- entry points ------------------------------------------------------------------------
+def load_model(
+    source: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    with_tokenizer: bool = True,
+) -> LoadedModel:
+    """Load a GGUF file or an HF safetensors directory into its registered family (see ``fuelpipe.weights``)."""
+    path = Path(source).expanduser()
+    kind = sniff_format(path)
+    rss_before = _rss_mb()
+    exact_peak = _reset_peak_rss()
+    t_start = time.perf_counter()
+    times: dict[str, float] = {}
+    tokenizer = None
+    if kind == "gguf":
+        model, config, arch, types, gguf_file = load_gguf(path, dtype, times)
+        if with_tokenizer:
+            t0 = time.perf_counter()
+            tokenizer = tokenizer_from_gguf(path, gguf_file.metadata)
+            times["tokenizer"] = time.perf_counter() - t0
+        del gguf_file  # unmaps the file: every tensor was copied out of it
+        fmt = "gguf"
+    else:
+        model, config, arch, types = load_hf_dir(path, dtype, times)
+        if with_tokenizer:
+            t0 = time.perf_counter()
+            tokenizer = tokenizer_from_hf_dir(path)
+            times["tokenizer"] = time.perf_counter() - t0
+        fmt = "safetensors"
+    if torch.device(device) != torch.device("cpu"):
+        t0 = time.perf_counter()
+        model = model.to(device)
+        times["to_device"] = time.perf_counter() - t0
+    load_s = time.perf_counter() - t_start
+    unique = {id(p): p for p in model.parameters()}.values()
+    report = LoadReport(
+        source=path, format=fmt, architecture=arch, family=model.family, config=config, dtype=dtype,
+        n_params=sum(p.numel() for p in unique), weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
+        tensor_types=types, timings_s=times, load_s=load_s, rss_before_mb=rss_before, peak_rss_mb=_peak_rss_mb(),
+        peak_is_process_lifetime=not exact_peak,
+    )
+    return LoadedModel(model, tokenizer, report)
+
+
+def load_named(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               with_tokenizer: bool = True) -> LoadedModel:
+    """Load a named shipped checkpoint (``smollm2_135m``, ``gemma3_270m``); see ``fuelpipe.weights.named``."""
+    return load_model(named_path(name), dtype=dtype, device=device, with_tokenizer=with_tokenizer)

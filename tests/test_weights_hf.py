@@ -87,3 +87,16 @@ def test_derived_rotary_buffers_in_old_checkpoints_are_skipped(tmp_path):
     save_file(tensors, str(weights), metadata={"format": "pt"})
     model, _, _ = load_model(tmp_path)
     assert torch.equal(model.reference_logits(IDS), ours.reference_logits(IDS))
+
+
+def test_head_saved_instead_of_the_embedding_loads_a_family_without_lm_head(tmp_path):
+    """A tied checkpoint may keep only ``lm_head.weight`` (safetensors' dedup picks one name); Gemma3 has no
+    head of its own, so that tensor is its embedding."""
+    ours, hf = build_pair("gemma3", seed=18)
+    save(hf, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    model, _, _ = load_model(tmp_path)
+    assert torch.equal(model.reference_logits(IDS), ours.reference_logits(IDS))

@@ -347,7 +347,14 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
                 owner[name] = (file, h)
     except SafetensorError as e:
         raise CheckpointFormatError(file, f"not a readable safetensors file: {e}") from None
-    resolve = lambda n: (_hf_param_name(n), None)  # noqa: E731
+    head_owned = "lm_head.weight" in params
+
+    def resolve(name: str) -> tuple[str, None]:
+        target = _hf_param_name(name)
+        if target == "lm_head.weight" and not head_owned:
+            target = "embed_tokens.weight"  # the family folds its (always tied) head into the embedding
+        return target, None
+
     plan = _plan(path, model, owner, resolve, lambda t: f"model.{t}" if t != "lm_head.weight" else t,
                  f"{arch.family} model")
     for p in plan:

@@ -35,8 +35,8 @@ from fuelpipe.weights.errors import TokenizerLoadError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp token types
 
-# Pre-tokenizer splits, by tokenizer.ggml.pre (llama.cpp's regexes for each pre-type).
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Pre-tokenizer splits, by tokenizer.ggml.pre (llama.cpp's regex for each pre-type). GPT-2's own split is
+# ByteLevel's built-in regex, so it needs no entry of its own.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -45,18 +45,18 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 
 @dataclass(frozen=True)
 class _BpePre:
-    splits: tuple[str, ...]  # regexes applied in order, each match isolated
-    digits_alone: bool = False  # split every digit off first
+    split: Optional[str] = None  # regex whose matches are isolated; None: GPT-2's (ByteLevel's built-in)
+    digits_alone: bool = False  # split every \p{N} character off first
     ignore_merges: bool = False  # a word already in the vocabulary is not merged further
 
 
 _BPE_PRE: dict[str, _BpePre] = {
-    "default": _BpePre((_GPT2_SPLIT,)),
-    "gpt2": _BpePre((_GPT2_SPLIT,)),
-    "smollm": _BpePre((_GPT2_SPLIT,), digits_alone=True),
-    "starcoder": _BpePre((_GPT2_SPLIT,), digits_alone=True),
-    "llama-bpe": _BpePre((_LLAMA3_SPLIT,), ignore_merges=True),
-    "qwen2": _BpePre((_QWEN2_SPLIT,)),
+    "default": _BpePre(),
+    "gpt2": _BpePre(),
+    "smollm": _BpePre(digits_alone=True),
+    "starcoder": _BpePre(digits_alone=True),
+    "llama-bpe": _BpePre(_LLAMA3_SPLIT, ignore_merges=True),
+    "qwen2": _BpePre(_QWEN2_SPLIT),
 }
 
 
@@ -145,13 +145,14 @@ def tokenizer_from_gguf(path: Path, md: dict[str, Any]) -> TextTokenizer:
         default_bos = True
     else:
         raise TokenizerLoadError(path, f"tokenizer.ggml.model {kind!r} is not supported; supported: gpt2, llama")
+    # Matched whole in the text: control and unknown tokens as specials (dropped by decode), user-defined as text.
+    special = set(np.flatnonzero((types == CONTROL) | (types == UNKNOWN)).tolist())
     unk = md.get("tokenizer.ggml.unknown_token_id")
-    whole = [(i, CONTROL) for i in np.flatnonzero(types == CONTROL)] + [(i, USER_DEFINED) for i in
-                                                                        np.flatnonzero(types == USER_DEFINED)]
     if unk is not None and 0 <= unk < n:
-        whole.append((unk, UNKNOWN))
-    backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i, k in whole if k != USER_DEFINED])
-    backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False) for i, k in whole if k == USER_DEFINED])
+        special.add(unk)
+    backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in sorted(special)])
+    backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
+                        for i in np.flatnonzero(types == USER_DEFINED).tolist()])
     bos, eos = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
     eot = md.get("tokenizer.ggml.eot_token_id")
     return TextTokenizer(
@@ -183,16 +184,24 @@ def _gguf_bpe(path: Path, md: dict[str, Any], vocab: dict[str, int]) -> Tokenize
         if not sep:
             raise TokenizerLoadError(path, f"merge {m!r} is not two space-separated pieces")
         pairs.append((a, b))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=pre.ignore_merges))
+    tok = _backend(path, lambda: models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                                            ignore_merges=pre.ignore_merges))
     steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits_alone else []
-    if pre.splits == (_GPT2_SPLIT,):
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))  # its built-in regex
+    if pre.split is None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
     else:
-        steps += [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in pre.splits]
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        steps += [pre_tokenizers.Split(Regex(pre.split), behavior="isolated"),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def _backend(path: Path, build) -> Tokenizer:
+    try:
+        return Tokenizer(build())
+    except Exception as e:  # tokenizers raises a bare Exception (e.g. a merge naming an unknown piece)
+        raise TokenizerLoadError(path, f"the tokenizer metadata does not make a valid BPE model: {e}") from None
 
 
 def _spm_merges(tokens: list[str], vocab: dict[str, int], types: np.ndarray, scores: np.ndarray) -> list[tuple[str, str]]:
@@ -221,10 +230,9 @@ def _gguf_spm(path: Path, md: dict[str, Any], tokens: list[str], vocab: dict[str
     scores = np.asarray(scores, dtype=np.float64)
     unk = md.get("tokenizer.ggml.unknown_token_id")
     has_bytes = bool((types == BYTE).any())
-    tok = Tokenizer(models.BPE(
-        vocab=vocab, merges=_spm_merges(tokens, vocab, types, scores),
-        unk_token=tokens[unk] if unk is not None else None, fuse_unk=True, byte_fallback=has_bytes,
-    ))
+    merges = _spm_merges(tokens, vocab, types, scores)
+    tok = _backend(path, lambda: models.BPE(vocab=vocab, merges=merges, unk_token=tokens[unk] if unk is not None else None,
+                                            fuse_unk=True, byte_fallback=has_bytes))
     prefix = bool(md.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend("▁")] if prefix else []
     tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])

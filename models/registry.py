@@ -23,6 +23,7 @@ class FamilyEntry:
     model_cls: type
     sizes: dict[str, Callable[..., object]]
     is_mla: bool = False
+    config_cls: type | None = None  # the config dataclass; checkpoint loaders build it from file metadata
 
 
 _FAMILIES: dict[str, FamilyEntry] = {}
@@ -87,15 +88,20 @@ def _register_builtin() -> None:
     import models.phi as phi
     import models.qwen3 as qwen3
 
-    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m}))
-    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k}))
-    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b}))
-    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b}))
+    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m},
+                                config_cls=llama.LlamaConfig))
+    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k},
+                                config_cls=phi.PhiConfig))
+    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b},
+                                config_cls=qwen3.Qwen3Config))
+    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b},
+                                config_cls=gemma3.Gemma3Config))
     register_family(
         FamilyEntry(
             "deepseek_v2",
             deepseek_v2.DeepseekV2Model,
             {"tiny": deepseek_v2.deepseek_v2_tiny, "tiny_dense": deepseek_v2.deepseek_v2_tiny_dense},
             is_mla=True,
+            config_cls=deepseek_v2.DeepseekV2Config,
         )
     )

@@ -54,17 +54,29 @@ def fed_sequence(prompt, logits, tokens=None) -> list[int]:
 def compose_cfg():
     """compose_cfg(overrides, hydra=False) -> DictConfig, with GlobalHydra cleared around every call."""
 
-    def _compose(overrides=(), hydra: bool = False):
+    def _compose(overrides=(), hydra: bool = False, tiny: bool = True):
         GlobalHydra.instance().clear()
+        overrides = with_tiny_model(overrides) if tiny else list(overrides)
         with initialize_config_dir(str(CONF), version_base=VERSION_BASE):
-            return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+            return compose("config", overrides=overrides, return_hydra_config=hydra)
 
     yield _compose
     GlobalHydra.instance().clear()
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m fuelpipe ARGS`` as CI runs it (CI=true: no progress bars)."""
+def with_tiny_model(overrides) -> list[str]:
+    """Tests run on the tiny random Llama unless they name a model (the shipped default is a real checkpoint)."""
+    overrides = list(overrides)
+    if any(o.startswith("model=") for o in overrides):
+        return overrides
+    return [*overrides, "model=llama_tiny"]
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 240, default_model: bool = False) -> subprocess.CompletedProcess:
+    """``python -m fuelpipe ARGS`` as CI runs it (CI=true: no progress bars), on the tiny model unless
+    ``default_model`` (the real shipped default) or ARGS name a model."""
+    if not default_model and args[:1] != ("report",):
+        args = tuple(with_tiny_model(args))
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(

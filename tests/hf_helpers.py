@@ -93,6 +93,25 @@ def _gemma3(c):
     )
 
 
+def _deepseek_v2(c):
+    moe = c.n_routed_experts > 0
+    cfg = transformers.DeepseekV2Config(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_attention_heads, kv_lora_rank=c.kv_lora_rank, q_lora_rank=c.q_lora_rank,
+        qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+        moe_intermediate_size=c.moe_intermediate_size or 1, n_routed_experts=c.n_routed_experts or 1,
+        n_shared_experts=c.n_shared_experts or 1, num_experts_per_tok=c.num_experts_per_tok or 1,
+        routed_scaling_factor=c.routed_scaling_factor, topk_method=c.topk_method,
+        first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
+        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+        rope_parameters=rope_parameters(c.rope_theta), tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.attention_bias,
+    )
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
 @dataclass(frozen=True)
 class HfTwin:
     config: Callable
@@ -104,6 +123,7 @@ HF_TWINS = {
     "phi": HfTwin(_phi, transformers.Phi3ForCausalLM),
     "qwen3": HfTwin(_qwen3, transformers.Qwen3ForCausalLM),
     "gemma3": HfTwin(_gemma3, transformers.Gemma3ForCausalLM),
+    "deepseek_v2": HfTwin(_deepseek_v2, transformers.DeepseekV2ForCausalLM),
 }
 
 

@@ -9,7 +9,8 @@ from fuelpipe.results import schema_problems
 
 
 def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_path):
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    """The README's main command: the real SmolLM2 checkpoint, generated text, every oracle, the benchmark."""
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, default_model=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for name in ("plan_vs_replan", "vs_reference", "plan_accounting", "key_sensitivity", "request_isolation"):
@@ -23,10 +24,14 @@ def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_pa
     assert schema_problems(doc) == []
     assert doc["status"] == "ok" and doc["passed"] is True
     cfg = doc["config"]
-    assert (cfg["model"]["family"], cfg["model"]["size"], cfg["experiment"]["name"]) == ("llama", "tiny", "default")
+    assert (cfg["model"]["family"], cfg["model"]["size"], cfg["experiment"]["name"]) == ("llama", "smollm2_135m", "default")
+    assert cfg["model"]["weights"] == "shipped"
     assert doc["choices"] == {
-        "model": "llama_tiny", "kv": "contiguous", "backend": "fx", "plan": "plan_once", "experiment": "default"
+        "model": "smollm2_135m", "kv": "contiguous", "backend": "fx", "plan": "plan_once", "experiment": "default"
     }
+    gen = doc["generation"]
+    assert gen["new_tokens"] > 0 and gen["text"].strip() and gen["text"] in out  # real text, streamed
+    assert gen["tokens_per_s"] > 0 and doc["load"]["load_s"] > 0
     assert doc["bench"]["replan_over_plan_once"] == ratio or abs(doc["bench"]["replan_over_plan_once"] - ratio) < 0.01
     assert doc["bench"]["cache_policy"] == cfg["plan"]["cache_policy"] == "warm"
     assert doc["env"]["torch"] and doc["env"]["threads"] >= 1 and doc["env"]["device"] == "cpu"

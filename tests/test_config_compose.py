@@ -33,7 +33,7 @@ def test_the_tree_has_every_group():
 
 
 def test_root_config_selects_one_option_per_group(compose_cfg):
-    cfg = compose_cfg(hydra=True)
+    cfg = compose_cfg(hydra=True, tiny=False)
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))["defaults"]
     chosen = {k: v for entry in defaults if isinstance(entry, dict) for k, v in entry.items()}
     assert list(chosen) == ["model", "kv", "backend", "plan", "experiment", "hydra"]

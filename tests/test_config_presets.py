@@ -12,12 +12,14 @@ PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def test_presets_found():
-    assert {"default", "smoke", "parity", "bench", "negative_control"} <= set(PRESETS)
+    assert {"default", "smoke", "parity", "bench", "negative_control", "generate"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_on_the_tiny_model(preset, compose_cfg):
-    cfg = compose_cfg([f"experiment={preset}", "model=llama_tiny", *FAST])
+    # generate needs a tokenizer: it runs on the real (shipped) SmolLM2 checkpoint, briefly
+    model = ["model=smollm2_135m", "max_new_tokens=6"] if preset == "generate" else ["model=llama_tiny"]
+    cfg = compose_cfg([f"experiment={preset}", *model, *FAST])
     doc = run_job(cfg)
     assert schema_problems(doc) == []
     assert doc["experiment"] == preset
@@ -26,6 +28,8 @@ def test_preset_runs_on_the_tiny_model(preset, compose_cfg):
     assert ran == [name for name, oc in exp.oracles.items() if oc.enabled]
     assert set(ran) <= set(ORACLES)
     assert (doc["bench"] is not None) == exp.bench.enabled
+    if preset == "generate":
+        assert doc["generation"]["new_tokens"] >= 1 and doc["generation"]["text"]
     if doc["bench"]:
         assert doc["bench"]["tokens"] == exp.bench.tokens
         assert doc["bench"]["decode_ms_per_token"] > 0

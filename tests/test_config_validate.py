@@ -48,7 +48,7 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
             "num_key_value_heads (3)",
         ]),
         (["model.weights=gguf", "model.path=/x.gguf"], [
-            "model.weights=gguf is not available yet (it lands with a later issue); use model.weights=random",
+            "model.path='/x.gguf': no such GGUF file",
         ]),
         (["model.dtype=bfloat16", "~experiment.oracles.vs_reference.tolerance.bfloat16"], [
             "experiment.oracles.vs_reference.tolerance has no entry for model.dtype=bfloat16",

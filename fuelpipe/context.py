@@ -8,6 +8,7 @@ rebinding after a guarded check or rebuilding when the check refuses.
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -79,6 +80,8 @@ class InferenceContext:
         self._prefill_steps = {}
         self._rope_plan = model.rope_plan
         self._tables = None
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
 
     # ---- RoPE: per-token data, never part of the plan key --------------------------------
     @property
@@ -87,10 +90,12 @@ class InferenceContext:
 
     def set_rope_plan(self, plan: RopePlan) -> None:
         """Change RoPE frequencies/scaling. The held plan stays valid: rows are rebound per token."""
-        if plan.rotary_dim != self.model.rope_plan.rotary_dim or len(plan.layer_spec) != self.model.dims.n_layers:
+        own = self.model.rope_plan
+        if (plan.rotary_dim, len(plan.specs), plan.layer_spec) != (own.rotary_dim, len(own.specs), own.layer_spec):
             raise ConfigError(
-                f"set_rope_plan: rotary_dim {plan.rotary_dim} / layers {len(plan.layer_spec)} must match the "
-                f"model's {self.model.rope_plan.rotary_dim} / {self.model.dims.n_layers}"
+                "set_rope_plan may change frequencies and scaling only: rotary_dim, spec count and the "
+                f"per-layer map must stay {(own.rotary_dim, len(own.specs), own.layer_spec)}, got "
+                f"{(plan.rotary_dim, len(plan.specs), plan.layer_spec)}"
             )
         self._rope_plan = plan
         self._tables = None
@@ -127,6 +132,8 @@ class InferenceContext:
     def _check_cache(self, cache) -> None:
         """The cache must have the layout this model writes; refuse before anything runs."""
         m, d = self.model, self.model.dims
+        if cache.dtype != self.dtype:
+            raise ConfigError(f"cache dtype {cache.dtype} must equal the model's {self.dtype}")
         if m.latent_slots is not None:
             if cache.step_kind != "latent" or cache.slot_trailing != m.latent_slots:
                 raise ConfigError(
@@ -185,7 +192,13 @@ class InferenceContext:
     @torch.no_grad()
     def decode(self, cache, token_id: int | torch.Tensor) -> torch.Tensor:
         """One decode token through the held plan. Returns logits [1, vocab] f32."""
-        ids = _as_ids([int(token_id)] if not isinstance(token_id, torch.Tensor) else token_id.reshape(1, 1))
+        if isinstance(token_id, torch.Tensor):
+            if token_id.numel() != 1 or token_id.dtype.is_floating_point or token_id.dtype == torch.bool:
+                raise InputError(f"decode takes one integer token id, got a {token_id.dtype} tensor of shape "
+                                 f"{list(token_id.shape)}")
+            ids = token_id.reshape(1, 1).to(torch.int64)
+        else:
+            ids = _as_ids([_token_int(token_id)])
         host = self._host(cache, ids)
         logits = self.plan.step(self.model, cache, host)
         cache.advance(1)
@@ -209,8 +222,10 @@ class InferenceContext:
             raise InputError("generate: the prompt must hold at least one token")
         if max_new_tokens < 0:
             raise InputError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-        need = len(prompt) + max_new_tokens
+        need = len(prompt) + max(0, max_new_tokens - 1)  # the last sampled token is never fed back
         if cache is None:
+            if max_seq_len is not None and max_seq_len < need:
+                raise InputError(f"generate: max_seq_len {max_seq_len} < the {need} positions this generation writes")
             cache = self.new_cache(max_seq_len or need)
         elif cache.max_seq_len is None or cache.max_seq_len - cache.cached_len < need:
             raise InputError(
@@ -235,13 +250,20 @@ class InferenceContext:
         return result
 
 
+def _token_int(value) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"token ids must be integers, got {value!r}")
+    try:
+        return operator.index(value)  # ints and numpy integers; floats refused, never truncated
+    except TypeError:
+        raise InputError(f"token ids must be integers, got {type(value).__name__} {value!r}") from None
+
+
 def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     if isinstance(token_ids, torch.Tensor):
         t = token_ids
         if t.dtype.is_floating_point:
             raise InputError(f"token ids must be integers, got dtype {t.dtype}")
         return t.reshape(1, -1) if t.dim() <= 1 else t
-    ids = list(token_ids)
-    if not all(isinstance(i, int) for i in ids):
-        raise InputError("token ids must be Python ints")
+    ids = [_token_int(i) for i in token_ids]
     return torch.tensor([ids], dtype=torch.int64)

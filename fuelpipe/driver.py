@@ -72,7 +72,7 @@ def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NON
         n_layers=cache.n_layers,
         cache_dtype=cache.dtype,
         shape_key=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.shape_key(),
-        weights_version=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.weights_version(),
+        weights_version=(0, 0) if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.weights_version(),
         alloc_id=None if fault is Fault.IGNORE_ALLOCATION else cache.alloc_id,  # type: ignore[arg-type]
     )
 
@@ -125,6 +125,7 @@ class HeldPlan:
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0
+        self.stats.last_validity = None  # a fresh build: no held plan was judged
         self.session = session
         return logits
 

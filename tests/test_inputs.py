@@ -47,8 +47,12 @@ def test_capacity_overflow_is_typed_and_leaves_cache_intact(tiny_llama):
 
 def test_generate_with_a_too_small_cache(tiny_llama):
     ctx = InferenceContext(tiny_llama)
-    with pytest.raises(InputError, match="needs 12 free positions"):
+    with pytest.raises(InputError, match="needs 11 free positions"):  # the 10th token is never fed back
         ctx.generate([1, 2], 10, cache=ctx.new_cache(8))
+    with pytest.raises(InputError, match="max_seq_len 5 < the 12 positions"):
+        ctx.generate([1, 2, 3], 10, max_seq_len=5)
+    result = ctx.generate([1, 2, 3], 4, cache=ctx.new_cache(6))  # exactly enough: 3 + 4 - 1
+    assert len(result.tokens) == 4
 
 
 def test_bad_backend_and_plan_names(tiny_llama):
@@ -70,3 +74,42 @@ def test_seeded_sampling_is_reproducible(tiny_llama):
     assert a == b and a != c
     with pytest.raises(ConfigError, match="temperature must be > 0"):
         seeded(0.0)
+
+
+def test_decode_token_ids_must_be_one_integer(tiny_llama):
+    import numpy as np
+
+    ctx = InferenceContext(tiny_llama)
+    cache = ctx.new_cache(16)
+    ctx.prefill(cache, [np.int64(3), 4])  # numpy integers are integers
+    with pytest.raises(InputError, match="must be integers, got float 3.7"):
+        ctx.decode(cache, 3.7)
+    with pytest.raises(InputError, match="must be integers, got True"):
+        ctx.decode(cache, True)
+    with pytest.raises(InputError, match=r"one integer token id, got a torch.int64 tensor of shape \[2\]"):
+        ctx.decode(cache, torch.tensor([3, 4]))
+    assert cache.cached_len == 2
+
+
+def test_cache_dtype_and_model_switches(tiny_llama):
+    from models.registry import build_random_model
+
+    ctx = InferenceContext(tiny_llama)
+    with pytest.raises(ConfigError, match="cache dtype torch.bfloat16 must equal the model's torch.float32"):
+        ctx.prefill(ctx.new_cache(8, torch.bfloat16), [1, 2])
+    ctx.switch_model(build_random_model("llama", "tiny", seed=2, dtype=torch.bfloat16))
+    cache = ctx.new_cache(8)
+    assert cache.dtype == torch.bfloat16
+    ctx.prefill(cache, [1, 2])
+    assert ctx.decode(cache, 3).dtype == torch.float32  # logits are f32 whatever the model dtype
+
+
+def test_set_rope_plan_may_change_frequencies_only(tiny_llama):
+    from fuelpipe.rope import RopePlan, RopeSpec
+
+    ctx = InferenceContext(tiny_llama)
+    d, n = tiny_llama.dims.head_dim, tiny_llama.dims.n_layers
+    two_specs = RopePlan((RopeSpec(1e4, d), RopeSpec(1e6, d)), (0, 1))
+    with pytest.raises(ConfigError, match="frequencies and scaling only"):
+        ctx.set_rope_plan(two_specs)
+    ctx.set_rope_plan(RopePlan.uniform(RopeSpec(5e5, d), n))  # allowed

@@ -98,3 +98,21 @@ def test_capacity_and_geometry_errors():
         ContiguousKvCache.with_capacity(1, 1, 4, 0)
     with pytest.raises(KvCapacityError, match="new_len must be >= 0"):
         c.truncate_to(-1)
+
+
+def test_set_layer_checks_caller_storage():
+    c = make()
+    with pytest.raises(KvLayerError, match=r"k must be \[1, n_kv_heads=3, 8, head_dim=4\] of torch.float32, got \[1, 3, 9, 4\]"):
+        c.set_layer(0, torch.zeros(1, HKV, S + 1, D), torch.zeros(1, HKV, S + 1, D))
+    with pytest.raises(KvLayerError, match="got \\[1, 3, 8, 4\\] of torch.bfloat16"):
+        c.set_layer(0, torch.zeros(1, HKV, S, D, dtype=torch.bfloat16), torch.zeros(1, HKV, S, D))
+    first = c.alloc_id
+    assert c.alloc_id == first  # refused: nothing replaced
+
+
+def test_latent_set_slot_checks_caller_storage():
+    from fuelpipe.kv.latent import LatentKvCache
+
+    c = LatentKvCache(2, ((4,), (2,)), 8)
+    with pytest.raises(KvLayerError, match=r"slot 1 must be \[8, 2\] of torch.float32, got \[8, 4\]"):
+        c.set_slot(0, 1, torch.zeros(8, 4))

@@ -113,3 +113,37 @@ def test_negative_control_session_reused_across_models_is_caught(tiny_llama):
     assert ctx.plan.stats.builds == 1  # wrongly reused
     err = (torch.stack(got[1:]) - ref_rows(b, fed_sequence(PROMPT, got), len(PROMPT))[1:]).abs().max()
     assert err > 1e-3
+
+
+def test_replacing_a_weight_by_assignment_invalidates_the_plan():
+    model = build_random_model("llama", "tiny", seed=9)
+    ctx = InferenceContext(model, "fx")  # the fx plan holds a fused copy of q/k/v
+    cache = ctx.new_cache(32)
+    decode_logits(ctx, cache, PROMPT, 2)
+    attn = model.layers[0].self_attn
+    attn.q_proj.weight = torch.nn.Parameter(attn.q_proj.weight * 2.0, requires_grad=False)
+    assert ctx.plan.session.validity_for(live_key(model, cache, 1)) is PlanValidity.STALE
+    cache.reset()
+    got = decode_logits(ctx, cache, PROMPT, 3)
+    assert ctx.plan.stats.builds == 2
+    assert (torch.stack(got) - ref_rows(model, fed_sequence(PROMPT, got), len(PROMPT))).abs().max() <= 1e-5
+
+
+def test_weights_version_never_repeats_after_assign_reload():
+    """Fresh tensors restart their version counters at 0, so a plain sum of counters can come back to
+    a value a held plan was keyed on; the (epoch, sum) pair cannot."""
+    model = build_random_model("llama", "tiny", seed=9)
+    ctx = InferenceContext(model, "fx")
+    cache = ctx.new_cache(32)
+    decode_logits(ctx, cache, PROMPT, 2)
+    held_sum = ctx.plan.session.key.weights_version[1]
+    state = {k: v.clone() * 1.1 for k, v in model.state_dict().items()}  # other numbers, fresh tensors
+    model.load_state_dict(state, assign=True)
+    with torch.no_grad():
+        for _ in range(held_sum - model.weights_version()[1]):
+            model.norm.weight.add_(0.0)  # walk the counter sum back to the held value
+    assert model.weights_version()[1] == held_sum
+    assert ctx.plan.session.validity_for(live_key(model, cache, 1)) is PlanValidity.STALE
+    cache.reset()
+    got = decode_logits(ctx, cache, PROMPT, 3)
+    assert (torch.stack(got) - ref_rows(model, fed_sequence(PROMPT, got), len(PROMPT))).abs().max() <= 1e-5

@@ -102,6 +102,20 @@ class ContiguousKvCache:
     def set_layer(self, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Install caller-supplied storage for one layer: a new allocation of unprovable residency."""
         self._layer_index(index)
+        for name, t in (("k", k), ("v", v)):
+            ok = t.dim() == 4 and t.shape[0] == 1 and t.shape[1] == self.n_kv_heads and t.shape[3] == self.head_dim
+            if self.max_seq_len is not None:
+                ok = ok and t.shape[2] == self.max_seq_len
+            if self.dtype is not None:
+                ok = ok and t.dtype == self.dtype
+            if not ok:
+                raise KvLayerError(
+                    f"set_layer: {name} must be [1, n_kv_heads={self.n_kv_heads}, "
+                    f"{self.max_seq_len if self.max_seq_len is not None else 'S'}, head_dim={self.head_dim}]"
+                    f"{' of ' + str(self.dtype) if self.dtype is not None else ''}, got {list(t.shape)} of {t.dtype}"
+                )
+        if k.shape != v.shape or k.dtype != v.dtype:
+            raise KvLayerError(f"set_layer: k {list(k.shape)}/{k.dtype} and v {list(v.shape)}/{v.dtype} must match")
         self.layers[index] = KvLayer(k, v)
         self._alloc_id = KvAllocId.mint()
         self._device_location = None

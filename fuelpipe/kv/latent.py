@@ -76,7 +76,11 @@ class LatentKvCache:
 
     def set_slot(self, layer: int, slot: int, tensor: torch.Tensor) -> None:
         """Install caller storage: a new allocation whose residency cannot be proven."""
-        self.slot(layer, slot)
+        self.slot(layer, slot)  # range checks
+        want = (self.max_seq_len, *self.slot_trailing[slot])
+        if tuple(tensor.shape) != want or tensor.dtype != self.dtype:
+            raise KvLayerError(f"set_slot: slot {slot} must be {list(want)} of {self.dtype}, "
+                               f"got {list(tensor.shape)} of {tensor.dtype}")
         self.slots[layer][slot] = tensor
         self._alloc_id = KvAllocId.mint()
         self._device_location = None

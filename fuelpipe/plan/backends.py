@@ -3,7 +3,9 @@
 The backends form a lowering chain: ``fx`` traces the step module into a
 ``torch.fx`` graph and runs the optimisation passes; ``inductor`` compiles that
 optimised graph with ``torch.compile`` (static shapes on the tensor-offset
-path; one dynamic integer on the symbol path). Every build traces a fresh
+path; ``dynamic=True`` on the symbol path, so the two host integers compile
+as symbols once instead of one recompile per token; tensor shapes there are
+compiled symbolically too, a cost the symbol path accepts). Every build traces a fresh
 GraphModule, so each build owns its own compiled code and dynamo's
 per-code-object cache never serves one build's code to another.
 """
@@ -102,7 +104,7 @@ def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepPro
     if spec.name == "fx":
         return StepProgram("fx", gm, len(gm.graph.nodes), time.perf_counter() - t0, None, applied, spec.cache_policy)
     counter = CompileCounter()
-    # Tensor-offset path: every shape is static. Symbol path: the two host
-    # integers are the only thing that varies, compiled once as symbols.
+    # Tensor-offset path: every shape is static. Symbol path: the two host integers
+    # vary per token; dynamic=True compiles them (and the input shapes) as symbols once.
     compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind == "symbol")
     return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy)

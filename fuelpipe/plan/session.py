@@ -83,13 +83,14 @@ class DecodeSession:
                 RebindRefusal(RefusalReason.RESIDENCY_DIFFERS, baked=str(self._kv_location), incoming=str(incoming_loc))
             )
         staged: list[torch.Tensor] = []
-        n_layers = len(self._kv_bound) // 2
+        n_layers = self._key.n_layers
+        per_layer = len(self._kv_bound) // n_layers  # K/V: 2; a latent cache: its slot count
         for layer in range(n_layers):
-            for which in (0, 1):
+            for which in range(per_layer):
                 incoming = source.rebind_slot(layer, which)
                 if incoming is None:
                     raise RebindRefused(RebindRefusal(RefusalReason.MISSING_SLOT, layer, which))
-                baked = self._kv_bound[2 * layer + which]
+                baked = self._kv_bound[per_layer * layer + which]
                 if baked is None:
                     raise RebindRefused(RebindRefusal(RefusalReason.UNBAKED_SLOT, layer, which))
                 if not interchangeable(baked, incoming):
@@ -111,7 +112,7 @@ class DecodeSession:
 
     def _drop_bound_slot(self, layer: int, which: int) -> None:
         """Test hook: simulate an internal inconsistency (a bound slot gone missing)."""
-        self._kv_bound[2 * layer + which] = None  # type: ignore[call-overload]
+        self._kv_bound[len(self._kv_bound) // self._key.n_layers * layer + which] = None  # type: ignore
 
     # ---- running --------------------------------------------------------------------------
     def _call(self, host: TokenHostData) -> torch.Tensor:

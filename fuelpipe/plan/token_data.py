@@ -18,8 +18,8 @@ from fuelpipe.masks import MaskPlan, mask_variants
 @dataclass
 class TokenHostData:
     token_ids: torch.Tensor  # [1, T] int64
-    rope_cos: torch.Tensor  # [n_specs, T, rot] f32
-    rope_sin: torch.Tensor  # [n_specs, T, rot] f32
+    rope_cos: torch.Tensor  # [n_specs, T, rot] f32 host rows; cast to the model dtype in the step buffers
+    rope_sin: torch.Tensor  # [n_specs, T, rot] f32 host rows
     mask: torch.Tensor  # [n_variants, 1, 1, T, S] model dtype
     write_index: torch.Tensor  # [T] int64
     cached_len: int

@@ -40,7 +40,7 @@ class PlanKey:
     n_layers: int
     cache_dtype: torch.dtype
     shape_key: int
-    weights_version: int
+    weights_version: tuple[int, int]
     alloc_id: KvAllocId
 
     def compare(self, live: "PlanKey") -> PlanValidity:

@@ -53,7 +53,7 @@ class PlanStats:
     rebinds: int = 0
     refusals: list[str] = field(default_factory=list)
     build_s: float = 0.0
-    last_validity: Optional[PlanValidity] = None
+    last_validity: Optional[PlanValidity] = None  # the verdict on the held plan at the last step that had one
 
 
 def step_kind_for(cache, offset_mode: str) -> str:
@@ -125,7 +125,6 @@ class HeldPlan:
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0
-        self.stats.last_validity = None  # a fresh build: no held plan was judged
         self.session = session
         return logits
 

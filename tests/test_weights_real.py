@@ -57,7 +57,7 @@ def run(loaded):
     """fuelpipe greedy decode of N_NEW tokens through the fx backend, plan_once, logits kept."""
     model, tok, _ = loaded
     prompt = tok.encode(PROMPT)
-    result = InferenceContext(model, "fx").generate(prompt, N_NEW, keep_logits=True)
+    result = InferenceContext(model, "fx").generate(prompt, N_NEW, keep_logits=True, max_seq_len=len(prompt) + N_NEW)
     assert len(result.tokens) == N_NEW
     return prompt, result
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="the external oracle: pip install -e '.[test]'")
 
 from fuelpipe.weights import load_model  # noqa: E402
 from fuelpipe.weights.errors import CheckpointConfigError, CheckpointFormatError, UnknownArchitectureError  # noqa: E402

@@ -42,8 +42,7 @@ FAMILY = {"smollm2_135m": "llama", "gemma3_270m": "gemma3"}
 
 @pytest.fixture(scope="module", params=MODELS)
 def name(request):
-    if FAMILY[request.param] not in families():
-        pytest.skip(f"model family {FAMILY[request.param]!r} is not registered on this branch")
+    assert FAMILY[request.param] in families(), f"model family {FAMILY[request.param]!r} is not registered"
     return request.param
 
 
@@ -65,8 +64,8 @@ def run(loaded):
 @pytest.fixture(scope="module")
 def hf(name):
     """(model, tokenizer) from transformers' own GGUF loader, f32."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers", reason="the external oracle: pip install -e '.[test]'")
+    pytest.importorskip("accelerate", reason="transformers' GGUF loading needs it: pip install -e '.[test]'")
     path = real_gguf_path(name)
     kw = dict(gguf_file=path.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw).eval()

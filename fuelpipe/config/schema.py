@@ -141,6 +141,24 @@ class GenerateConfig:
 
 
 @dataclass
+class PeersConfig:
+    """``experiment=bench_peers``: fuelpipe against transformers, llama.cpp and the bandwidth floor."""
+
+    enabled: bool = False
+    prompt_tokens: int = 16  # the first N ids of the first prompt
+    new_tokens: int = 64
+    reps: int = 3  # timed repetitions per system, after one warm-up
+    backends: List[str] = field(default_factory=lambda: ["eager", "fx", "inductor"])
+    plans: List[str] = field(default_factory=lambda: ["plan_once", "replan"])
+    kv_layouts: List[str] = field(default_factory=lambda: ["contiguous", "paged"])
+    # New tokens a replan row generates (it builds a program per token; inductor compiles per token).
+    replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
+    transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
+    llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
+    record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     # Token-id prompts. The first drives every oracle and the benchmark; request_isolation
@@ -158,6 +176,7 @@ class ExperimentConfig:
     oracles: Dict[str, OracleConfig] = field(default_factory=_default_oracles)
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
 
 
 @dataclass

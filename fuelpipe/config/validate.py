@@ -193,7 +193,7 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
     enabled = [n for n, oc in exp.oracles.items() if oc.enabled]
-    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True:
+    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not exp.peers.enabled:
         reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
         reasons.append("experiment.prompts must hold at least one non-empty prompt")
@@ -213,4 +213,36 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             f"experiment.bench needs warmup >= 1 (the build token) and tokens >= 1, "
             f"got warmup={exp.bench.warmup} tokens={exp.bench.tokens}"
         )
+    reasons += _peers(exp.peers)
+    return reasons
+
+
+def _peers(p: DictConfig) -> list[str]:
+    from fuelpipe.bench.peers.systems import TransformersSystem
+    from fuelpipe.driver import PlanMode
+    from fuelpipe.kv.spec import LAYOUTS
+    from fuelpipe.plan.backends import BACKENDS
+
+    if not p.enabled:
+        return []
+    reasons = []
+    for key, values, allowed in (
+        ("backends", p.backends, BACKENDS),
+        ("plans", p.plans, [m.value for m in PlanMode]),
+        ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
+        ("transformers", p.transformers, TransformersSystem.MODES),
+    ):
+        for v in values:
+            if v not in allowed:
+                reasons.append(did_you_mean(f"experiment.peers.{key} entry", v, allowed))
+    for key in ("prompt_tokens", "new_tokens", "reps"):
+        if p[key] < 1:
+            reasons.append(f"experiment.peers.{key} must be >= 1, got {p[key]}")
+    if p.new_tokens < 3:
+        reasons.append(f"experiment.peers.new_tokens must be >= 3 (a step time needs two decode steps), got {p.new_tokens}")
+    for backend, n in p.replan_new_tokens.items():
+        if backend not in BACKENDS:
+            reasons.append(did_you_mean("experiment.peers.replan_new_tokens key", backend, BACKENDS))
+        elif n < 3:
+            reasons.append(f"experiment.peers.replan_new_tokens.{backend} must be >= 3, got {n}")
     return reasons

@@ -44,6 +44,7 @@ def run_job(
     exp = cfg.experiment
     generation = run_generation(cfg, asm)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
+    peers = run_peers_experiment(cfg, asm) if exp.peers.enabled else None
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
     oracles, bench = [], None
     with bar(steps, f"fuelpipe {exp.name}") as progress:
@@ -66,7 +67,28 @@ def run_job(
         status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
     )
     doc["generation"] = generation
+    if peers is not None:
+        doc["peers"] = peers
     doc["load"] = asm.load or None
+    return doc
+
+
+def run_peers_experiment(cfg: DictConfig, asm) -> dict:
+    """The peers benchmark; its table and chart go next to results.json and to ``peers.record_dir``."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from fuelpipe.bench.peers.experiment import run_peers, write_outputs
+
+    p = cfg.experiment.peers
+    n_systems = len(p.backends) * len(p.plans) * len(p.kv_layouts) + len(p.transformers) + 2 * p.llama_cpp
+    with bar(n_systems * (1 + p.reps), "fuelpipe bench_peers") as progress:
+        doc = run_peers(cfg, asm, on_progress=lambda _: progress.update())
+    dirs = [Path(HydraConfig.get().runtime.output_dir)] if HydraConfig.initialized() else []
+    if p.record_dir:
+        dirs.append(Path(p.record_dir))
+    doc["written"] = write_outputs(doc, dirs)
     return doc
 
 

@@ -56,6 +56,11 @@ def render(doc: dict[str, Any]) -> str:
                 f"  an expanded K/V cache would store {bench['expanded_kv_bytes_per_token']} bytes/token: "
                 f"{bench['expanded_over_kv']:.2f}x this cache"
             )
+    if doc.get("peers"):
+        from fuelpipe.bench.peers.report import markdown
+
+        lines.append(markdown(doc["peers"]))
+        lines += [f"written: {w}" for w in doc["peers"]["written"]]
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
 

@@ -1,0 +1,162 @@
+"""``experiment=bench_peers``: assemble the systems from the config, time them, write the table and chart.
+
+The fuelpipe rows are every configured backend x plan mode x KV layout on the
+assembled model. The transformers and llama.cpp rows need the checkpoint as a
+GGUF file (``model.weights=shipped`` or ``gguf``); with random weights they
+are reported as unavailable, never silently dropped.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from fuelpipe.bench.peers.floor import decode_floor, measure_read_bandwidth
+from fuelpipe.bench.peers.report import bar_chart, markdown
+from fuelpipe.bench.peers.run import add_ratios, run_systems, summarize
+from fuelpipe.bench.peers.systems import FuelpipeSystem, LlamaCppSystem, PeerSystem, TransformersSystem
+from fuelpipe.config.schema import Weights
+from fuelpipe.errors import ConfigError
+from fuelpipe.kv.spec import KvSpec
+
+REFERENCE = "transformers dynamic"
+
+
+def checkpoint_gguf(m: DictConfig) -> Optional[Path]:
+    if m.weights is Weights.shipped:
+        from fuelpipe.weights.named import named_path
+
+        return named_path(m.size)
+    if m.weights is Weights.gguf:
+        return Path(m.path)
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
+    p = cfg.experiment.peers
+    systems: list[PeerSystem] = []
+    block = cfg.kv.block_size or 16
+    for layout in p.kv_layouts:
+        kv = KvSpec(layout=layout, block_size=block)
+        for backend in p.backends:
+            for plan in p.plans:
+                cap = p.replan_new_tokens.get(backend) if plan == "replan" else None
+                systems.append(FuelpipeSystem(asm.model, backend, plan, kv, max_new_tokens=cap))
+    path = checkpoint_gguf(cfg.model)
+    shared: dict = {}
+    for mode in p.transformers:
+        s = TransformersSystem(path or Path("."), mode, shared)
+        if path is None:
+            s.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
+        systems.append(s)
+    if p.llama_cpp:
+        n_ctx = p.prompt_tokens + p.new_tokens + 8
+        f32 = LlamaCppSystem(None, "F32", "f32", torch.get_num_threads(), n_ctx)
+        orig = LlamaCppSystem(path, "Q4_1 (original file)", "q4_1", torch.get_num_threads(), n_ctx)
+        if path is None:
+            f32.missing = orig.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
+        elif not f32.missing:
+            from fuelpipe.bench.peers.f32_gguf import f32_gguf_path
+            from fuelpipe.weights.named import cache_dir
+
+            f32.path = f32_gguf_path(path, cache_dir())
+        systems += [f32, orig]
+    return systems
+
+
+def peers_prompt(asm, n: int) -> list[int]:
+    ids = list(asm.prompts[0])
+    if len(ids) < n:
+        raise ConfigError(
+            f"experiment.peers.prompt_tokens={n} but the first prompt holds only {len(ids)} tokens; "
+            "give a longer experiment.text_prompts[0] (or prompts[0])"
+        )
+    return ids[:n]
+
+
+def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]] = None) -> dict:
+    p = cfg.experiment.peers
+    t0 = time.perf_counter()
+    prompt = peers_prompt(asm, p.prompt_tokens)
+    systems = build_systems(cfg, asm)
+    bandwidth = measure_read_bandwidth()
+    floor = decode_floor(asm.model, p.prompt_tokens, p.new_tokens, bandwidth)
+    records = run_systems(systems, prompt, p.new_tokens, p.reps, on_progress)
+    bandwidth_after = measure_read_bandwidth()  # drift check: the floor uses the better of the two
+    if bandwidth_after.gb_s > bandwidth.gb_s:
+        bandwidth = bandwidth_after
+        floor = decode_floor(asm.model, p.prompt_tokens, p.new_tokens, bandwidth)
+    names = {s.name for s in systems}
+    rows = summarize(records, floor, REFERENCE if REFERENCE in names else None)
+    peers = [s.name for s in systems if s.group != "fuelpipe" and not s.missing]
+    add_ratios(rows, peers)
+    _replan_ratios(rows)
+    doc = {
+        "model": cfg.model.size,
+        "dtype": cfg.model.dtype.value,
+        "prompt_tokens": p.prompt_tokens,
+        "new_tokens": p.new_tokens,
+        "reps": p.reps,
+        "prompt_ids": prompt,
+        "reference": REFERENCE if REFERENCE in names else None,
+        "peers": peers,
+        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "torch": torch.__version__},
+        "floor": {
+            "bytes_per_token": floor.bytes_per_token,
+            "weight_bytes": floor.weight_bytes,
+            "kv_bytes": floor.kv_bytes,
+            "bandwidth_gb_s": floor.bandwidth.gb_s,
+            "bandwidth_method": floor.bandwidth.method,
+            "ms_per_token": floor.ms_per_token,
+        },
+        "rows": rows,
+        "wall_s": time.perf_counter() - t0,
+    }
+    doc["best_fuelpipe"] = best_fuelpipe(rows, peers)
+    return doc
+
+
+def _replan_ratios(rows: list[dict]) -> None:
+    ms = {r["system"]: r.get("ms_per_token") for r in rows if r.get("status") == "ok"}
+    for r in rows:
+        if r.get("group") == "fuelpipe" and r.get("status") == "ok" and " plan_once " in r["system"]:
+            replan = ms.get(r["system"].replace(" plan_once ", " replan "))
+            r["replan_over_plan_once"] = replan / r["ms_per_token"] if replan else None
+
+
+def best_fuelpipe(rows: list[dict], peers: list[str]) -> Optional[dict]:
+    """The fastest fuelpipe plan_once row whose tokens match the reference, and how it compares."""
+    ok = [r for r in rows if r.get("group") == "fuelpipe" and r.get("status") == "ok" and " plan_once " in r["system"]
+          and r.get("tokens_match_reference") is not False]
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: r["ms_per_token"])
+    verdicts = []
+    for peer, ratio in best.get("vs", {}).items():
+        verdicts.append(f"{ratio:.2f}x {'faster' if ratio > 1 else 'slower'} than {peer}")
+    return {"system": best["system"], "ms_per_token": best["ms_per_token"], "over_floor": best["over_floor"],
+            "verdicts": verdicts}
+
+
+def write_outputs(doc: dict, out_dirs: list[Path]) -> list[str]:
+    written = []
+    for d in out_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "peers.md").write_text(markdown(doc))
+        bar_chart(doc, d / "peers.png")
+        written += [str(d / "peers.md"), str(d / "peers.png")]
+    return written

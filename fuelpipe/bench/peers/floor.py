@@ -1,0 +1,86 @@
+"""The memory-bandwidth floor of a decode step, measured on this machine in the same run.
+
+A decode step must read every weight it multiplies by once (all layer
+weights, the final norm and the output head; the embedding table only for
+the one row it looks up) plus the KV it attends. At ``B`` bytes per second
+no implementation can step faster than ``bytes / B``. ``B`` is the best of a
+few streaming reads over a buffer much larger than the last-level cache, on
+the threads the benchmark uses (the same threads every system gets).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    gb_s: float  # best observed read rate, 1e9 bytes/s
+    method: str
+    buffer_mb: float
+    repeats: int
+
+
+def measure_read_bandwidth(buffer_mb: float = 1024.0, repeats: int = 7) -> Bandwidth:
+    """Best read rate over ``repeats`` passes of two read kernels (a sum and a dot product) on a large f32 buffer."""
+    n = int(buffer_mb * 1e6) // 4
+    x = torch.ones(n, dtype=torch.float32)  # touched, so every page is resident
+    ones = torch.ones(n, dtype=torch.float32)
+    best, how = 0.0, ""
+    for _ in range(repeats):
+        for name, fn, nbytes in (("sum", lambda: x.sum(), 4 * n), ("dot", lambda: torch.dot(x, ones), 8 * n)):
+            t0 = time.perf_counter()
+            fn()
+            rate = nbytes / (time.perf_counter() - t0) / 1e9
+            if rate > best:
+                best, how = rate, name
+    return Bandwidth(best, f"torch {how} over {buffer_mb:.0f} MB f32, {torch.get_num_threads()} threads", buffer_mb, repeats)
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every parameter once, except the embedding table's unread rows.
+
+    A tied head reads the embedding table in full (as the head), so it is counted once.
+    """
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    head = getattr(model, "lm_head", None)
+    emb_w = getattr(embed, "weight", None) if embed is not None else getattr(getattr(model, "embed_tokens", None), "weight", None)
+    if emb_w is not None and (head is None or head.weight is not emb_w):
+        total -= emb_w.numel() * emb_w.element_size() - emb_w.shape[1] * emb_w.element_size()  # one row read
+    return total
+
+
+def kv_bytes_read(n_layers: int, n_kv_heads: int, head_dim: int, positions: float, elem: int) -> float:
+    """K and V bytes one step attends when ``positions`` are live."""
+    return 2.0 * n_layers * n_kv_heads * head_dim * positions * elem
+
+
+@dataclass(frozen=True)
+class Floor:
+    bytes_per_token: float  # weights + mean live KV over the timed steps
+    weight_bytes: int
+    kv_bytes: float
+    bandwidth: Bandwidth
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.bytes_per_token / (self.bandwidth.gb_s * 1e9) * 1000.0
+
+
+def decode_floor(model, prompt_len: int, new_tokens: int, bandwidth: Bandwidth) -> Floor:
+    d = model.dims
+    elem = next(model.parameters()).element_size()
+    # Decode steps attend prompt_len+1 .. prompt_len+new_tokens-1 positions; their mean:
+    mean_live = prompt_len + new_tokens / 2.0
+    w = weight_bytes_per_token(model)
+    kv = kv_bytes_read(d.n_layers, d.n_kv_heads, d.head_dim, mean_live, elem)
+    return Floor(w + kv, w, kv, bandwidth)

@@ -1,0 +1,85 @@
+"""The peers benchmark's Markdown table and bar chart."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(x, fmt="{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(doc: dict) -> str:
+    rows, floor, env = doc["rows"], doc["floor"], doc["env"]
+    peers = doc["peers"]
+    lines = [
+        f"# Decode speed: {doc['model']} ({doc['dtype']}), {doc['prompt_tokens']}-token prompt, "
+        f"{doc['new_tokens']} new tokens, greedy, {env['threads']} threads",
+        "",
+        f"Machine: {env['cpu']}; torch {env['torch']}; {doc['reps']} timed repetitions per system after one warm-up, "
+        "systems interleaved (order rotated every repetition).",
+        "",
+        f"Floor: {floor['bytes_per_token'] / 1e6:.1f} MB read per token (weights {floor['weight_bytes'] / 1e6:.1f} MB "
+        f"+ mean live KV {floor['kv_bytes'] / 1e6:.2f} MB) at {floor['bandwidth_gb_s']:.1f} GB/s "
+        f"({floor['bandwidth_method']}) = **{floor["ms_per_token"]:.2f} ms/token**.",
+        "",
+        "ms/token is the median decode step (p10-p90 beside it); first token is prompt + first sample, warm; "
+        "cold first token is the warm-up run's (plan build / compile included). "
+        "`vs X` is X's ms/token over the row's (above 1: the row is faster). "
+        "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + ".",
+        "",
+    ]
+    head = ["system", "weights", "ms/token", "p10-p90", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
+    head += ["first token ms", "cold first token ms", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['system']} | {r['weights']} | {r['status']} |" + " |" * (len(head) - 3))
+            continue
+        vs = r.get("vs", {})
+        match = r["tokens_match_reference"]
+        match_s = "-" if match is None else ("yes" if match else f"no ({r['tokens_agreeing']}/{r['new_tokens']})")
+        if r["new_tokens"] < doc["new_tokens"]:
+            match_s += f" [{r['new_tokens']} tokens]"
+        cells = [
+            r["system"], r["weights"], _f(r["ms_per_token"]), f"{r['p10_ms']:.1f}-{r['p90_ms']:.1f}",
+            _f(r["tokens_per_s"]), _f(r["achieved_gb_s"]), _f(r["over_floor"], "{:.2f}"),
+        ]
+        cells += [_f(vs.get(p), "{:.2f}") for p in peers]
+        cells += [
+            _f(r["first_token_ms"]), _f(r["cold_first_token_ms"]), _f(r.get("plan_build_ms")),
+            _f(r.get("replan_over_plan_once"), "{:.1f}x"), match_s, _f(r["footprint_mb"], "{:.0f}"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = doc.get("best_fuelpipe")
+    if best:
+        lines += ["", "**Best fuelpipe plan_once:** " + best["system"] + f" at {best['ms_per_token']:.1f} ms/token, "
+                  f"{best['over_floor']:.2f}x the floor; " + ("; ".join(best["verdicts"]) or "no peer ran") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if r.get("status") == "ok"]
+    rows.sort(key=lambda r: r["ms_per_token"])
+    colors = {"fuelpipe": "#1f77b4", "transformers": "#ff7f0e", "llama.cpp": "#2ca02c"}
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(rows) + 1.6))
+    y = range(len(rows))
+    med = [r["ms_per_token"] for r in rows]
+    err = [[m - r["p10_ms"] for m, r in zip(med, rows)], [r["p90_ms"] - m for m, r in zip(med, rows)]]
+    ax.barh(list(y), med, xerr=err, color=[colors.get(r["group"], "grey") for r in rows], capsize=2)
+    ax.set_yticks(list(y), [r["system"] + ("" if r["tokens_match_reference"] in (True, None) else " (tokens differ)")
+                             for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(doc["floor"]["ms_per_token"], color="black", linestyle="--", linewidth=1)
+    ax.text(doc["floor"]["ms_per_token"], -0.8, " bandwidth floor", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("decode ms/token (median, p10-p90), log scale; lower is better")
+    ax.set_title(f"{doc['model']} {doc['dtype']}, {doc['env']['threads']} threads, {doc['env']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,128 @@
+"""Run the peers benchmark: every system, the same prompt, interleaved repetitions, one process.
+
+Repetition 0 is a warm-up for every system (plans are built and code is
+compiled there; its first-token latency is reported as the cold start).
+Repetitions 1..N are timed. The order of systems rotates every repetition, so
+clock or thermal drift hits all of them alike. A system's greedy tokens are
+compared with the reference system's (transformers dynamic, when present):
+a row whose tokens differ is reported but does not count as a speed result.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import psutil
+
+from fuelpipe.bench.decode import percentile
+from fuelpipe.bench.peers.floor import Floor
+from fuelpipe.bench.peers.systems import PeerSystem
+from fuelpipe.bench.peers.trace import RunTrace
+
+MB = 1024 * 1024
+
+
+@dataclass
+class SystemRecord:
+    system: PeerSystem
+    footprint_mb: float = 0.0
+    cold: Optional[RunTrace] = None
+    timed: list[RunTrace] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[float]:
+        return [ms for t in self.timed for ms in t.step_ms]
+
+
+def run_systems(
+    systems: list[PeerSystem],
+    prompt: list[int],
+    new_tokens: int,
+    reps: int,
+    on_progress: Optional[Callable[[str], None]] = None,
+) -> list[SystemRecord]:
+    proc = psutil.Process()
+    records = []
+    for s in systems:
+        rec = SystemRecord(s)
+        records.append(rec)
+        if s.missing:
+            continue
+        before = proc.memory_info().rss
+        s.setup()
+        rec.cold = s.run(prompt, _tokens_for(s, new_tokens))
+        rec.footprint_mb = (proc.memory_info().rss - before) / MB
+        if on_progress:
+            on_progress(f"warm-up {s.name}")
+    live = [r for r in records if not r.system.missing]
+    for rep in range(reps):
+        shift = rep % max(1, len(live))
+        for rec in live[shift:] + live[:shift]:
+            rec.timed.append(rec.system.run(prompt, _tokens_for(rec.system, new_tokens)))
+            if on_progress:
+                on_progress(f"rep {rep + 1}/{reps} {rec.system.name}")
+    return records
+
+
+def _tokens_for(s: PeerSystem, new_tokens: int) -> int:
+    return min(new_tokens, s.max_new_tokens) if s.max_new_tokens else new_tokens
+
+
+def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str]) -> list[dict]:
+    """One row per system: timings, bandwidth, ratios, token agreement, costs."""
+    ref_tokens = None
+    by_name = {r.system.name: r for r in records}
+    if reference in by_name and by_name[reference].timed:
+        ref_tokens = by_name[reference].timed[0].tokens
+    rows = []
+    for rec in records:
+        s = rec.system
+        row: dict = {"system": s.name, "group": s.group, "weights": s.weights}
+        if s.missing:
+            row["status"] = s.missing
+            rows.append(row)
+            continue
+        steps = rec.steps
+        med = statistics.median(steps)
+        tokens = rec.timed[0].tokens
+        same_every_rep = all(t.tokens == tokens for t in rec.timed)
+        agree = None if ref_tokens is None else _agreeing_prefix(tokens, ref_tokens)
+        row.update(
+            status="ok",
+            new_tokens=len(tokens),
+            timed_steps=len(steps),
+            ms_per_token=med,
+            p10_ms=percentile(steps, 10),
+            p90_ms=percentile(steps, 90),
+            tokens_per_s=1000.0 / med,
+            achieved_gb_s=floor.bytes_per_token / (med / 1000.0) / 1e9,
+            over_floor=med / floor.ms_per_token,
+            first_token_ms=statistics.median(t.first_token_ms for t in rec.timed),
+            cold_first_token_ms=rec.cold.first_token_ms if rec.cold else None,
+            footprint_mb=rec.footprint_mb,
+            tokens_match_reference=None if agree is None else agree == len(tokens),
+            tokens_agreeing=agree,
+            deterministic=same_every_rep,
+            **s.details(),
+        )
+        rows.append(row)
+    return rows
+
+
+def _agreeing_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def add_ratios(rows: list[dict], peers: list[str]) -> None:
+    """``vs <peer>``: the peer's ms/token over this row's (above 1: this row is faster)."""
+    ms = {r["system"]: r.get("ms_per_token") for r in rows}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        r["vs"] = {p: ms[p] / r["ms_per_token"] for p in peers if ms.get(p)}

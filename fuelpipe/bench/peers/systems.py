@@ -1,0 +1,176 @@
+"""The systems the peers benchmark times: fuelpipe configurations and the peers users would pick instead.
+
+Each system turns (prompt ids, number of new tokens) into a ``RunTrace``
+through its own public generation loop, greedy, on the threads the process
+was given. ``setup`` loads what the system needs (its weights, a held plan
+is built lazily on its first token, as a user would see it); ``details``
+reports build and compile costs, kept apart from per-token time.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fuelpipe.bench.peers.trace import RunTrace, TokenClock
+from fuelpipe.context import InferenceContext
+from fuelpipe.driver import PlanMode
+from fuelpipe.kv.spec import KvSpec
+from fuelpipe.plan.backends import BackendSpec
+
+
+class PeerSystem:
+    name: str = ""
+    group: str = ""  # fuelpipe | transformers | llama.cpp
+    weights: str = "f32"  # the arithmetic the system runs: f32 (dequantized from the GGUF) or q4_1
+    missing: Optional[str] = None  # why the system cannot run here (reported, never an error)
+    max_new_tokens: Optional[int] = None  # a cap on new tokens (replan rows: building every token is slow)
+
+    def setup(self) -> None:
+        """Load what the system needs; called once, before any timed run."""
+
+    def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
+        raise NotImplementedError
+
+    def details(self) -> dict:
+        return {}
+
+
+class FuelpipeSystem(PeerSystem):
+    group = "fuelpipe"
+
+    def __init__(self, model, backend: str, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None) -> None:
+        self.model, self.backend, self.plan, self.kv = model, backend, plan, kv
+        self.name = f"fuelpipe {backend} {plan} {kv.layout}"
+        self.max_new_tokens = max_new_tokens
+        self.ctx = InferenceContext(model, BackendSpec(name=backend), PlanMode.parse(plan))
+
+    def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
+        clock = TokenClock()
+        cache = self.kv.new_cache(self.ctx, len(prompt) + new_tokens - 1)  # a new allocation per request
+        clock.start()
+        self.ctx.generate(prompt, new_tokens, cache=cache, on_token=clock.token)
+        return clock.trace()
+
+    def details(self) -> dict:
+        s = self.ctx.plan.stats
+        session = self.ctx.plan.session
+        return {
+            "plan_builds": s.builds,
+            "plan_rebinds": s.rebinds,
+            "plan_build_ms": 1000.0 * s.build_s / max(1, s.builds),
+            "plan_nodes": None if session is None else session.node_count,
+        }
+
+
+class TransformersSystem(PeerSystem):
+    """Hugging Face transformers ``generate`` on the same GGUF (its own loader, dequantized to f32).
+
+    Modes: ``dynamic`` (DynamicCache, sdpa), ``static`` (StaticCache), ``static_compile``
+    (StaticCache with generate's own torch.compile of the decode forward, forced on CPU).
+    """
+
+    group = "transformers"
+    MODES = ("dynamic", "static", "static_compile")
+
+    def __init__(self, gguf_path: Path, mode: str, shared: dict) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"transformers mode must be one of {self.MODES}, got {mode!r}")
+        self.path, self.mode, self._shared = gguf_path, mode, shared
+        self.name = f"transformers {mode.replace('_', '+')}"
+        self._compile_s: Optional[float] = None
+        try:
+            import accelerate  # noqa: F401  (transformers' GGUF loading needs it)
+            import transformers  # noqa: F401
+        except ImportError as err:
+            self.missing = f"not installed ({err.name}): pip install -e '.[test]'"
+
+    def setup(self) -> None:
+        if "model" not in self._shared:  # one loaded model serves every mode
+            import transformers
+
+            kw = dict(gguf_file=self.path.name)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.path.parent, dtype=torch.float32, attn_implementation="sdpa", **kw
+            ).eval()
+            self._shared["model"] = model
+        self.model = self._shared["model"]
+
+    def _generate_kwargs(self) -> dict:
+        import transformers
+
+        kw: dict = dict(do_sample=False, top_p=None, top_k=None, temperature=None)
+        if self.mode == "dynamic":
+            kw["disable_compile"] = True
+        else:
+            kw["cache_implementation"] = "static"
+        if self.mode == "static":
+            kw["disable_compile"] = True
+        if self.mode == "static_compile":
+            cc = transformers.CompileConfig(fullgraph=True, mode="default")
+            cc._compile_all_devices = True  # generate only auto-compiles on accelerators unless told
+            kw["compile_config"] = cc
+        return kw
+
+    def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
+        from transformers.generation.streamers import BaseStreamer
+
+        clock = TokenClock()
+
+        class Stamps(BaseStreamer):
+            seen_prompt = False
+
+            def put(self, value):
+                if not self.seen_prompt:  # generate pushes the prompt first
+                    self.seen_prompt = True
+                    return
+                clock.token(int(value.reshape(-1)[0]))
+
+            def end(self):
+                pass
+
+        ids = torch.tensor([prompt])
+        clock.start()
+        with torch.no_grad():
+            self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                streamer=Stamps(), **self._generate_kwargs(),
+            )
+        return clock.trace()
+
+
+class LlamaCppSystem(PeerSystem):
+    """llama.cpp through llama-cpp-python: prompt eval, then one ``eval`` per token, greedy argmax."""
+
+    group = "llama.cpp"
+
+    def __init__(self, gguf_path: Optional[Path], label: str, weights: str, threads: int, n_ctx: int) -> None:
+        self.path, self.threads, self.n_ctx = gguf_path, threads, n_ctx
+        self.name, self.weights = f"llama.cpp {label}", weights
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            self.missing = "not installed: pip install llama-cpp-python (builds from source, ~9 min on 2 cores)"
+
+    def setup(self) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=str(self.path), n_threads=self.threads, n_threads_batch=self.threads,
+            n_ctx=self.n_ctx, n_batch=self.n_ctx, verbose=False,
+        )
+
+    def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
+        llm = self.llm
+        clock = TokenClock()
+        llm.reset()
+        clock.start()
+        llm.eval(prompt)
+        for i in range(new_tokens):
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            clock.token(token)
+            if i < new_tokens - 1:
+                llm.eval([token])
+        return clock.trace()

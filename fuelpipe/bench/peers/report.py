@@ -20,7 +20,7 @@ def markdown(doc: dict) -> str:
         "",
         f"Floor: {floor['bytes_per_token'] / 1e6:.1f} MB read per token (weights {floor['weight_bytes'] / 1e6:.1f} MB "
         f"+ mean live KV {floor['kv_bytes'] / 1e6:.2f} MB) at {floor['bandwidth_gb_s']:.1f} GB/s "
-        f"({floor['bandwidth_method']}) = **{floor["ms_per_token"]:.2f} ms/token**.",
+        f"({floor['bandwidth_method']}) = **{floor['ms_per_token']:.2f} ms/token**.",
         "",
         "ms/token is the median decode step (p10-p90 beside it); first token is prompt + first sample, warm; "
         "cold first token is the warm-up run's (plan build / compile included). "

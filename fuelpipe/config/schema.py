@@ -87,7 +87,7 @@ class KvConfig:
 class BackendConfig:
     name: BackendName = BackendName.fx
     device: Device = Device.cpu
-    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "eliminate_dead_code_keeping_writes"])
+    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes"])
     threads: Optional[int] = None  # torch intra-op threads; null: torch's default
 
 

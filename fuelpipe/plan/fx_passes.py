@@ -5,6 +5,9 @@
   dispatches and one pass over the input. The fused weights are copies made
   at build time; the plan key carries the model's weights version so an
   in-place weight update invalidates the plan instead of serving stale copies.
+* ``split_linears_across_threads``: every CPU linear becomes a GEMV split
+  into one part per intra-op thread (``fuelpipe.plan.split_gemv``), so all
+  cores stream weights at once. Run after the fusion so fused weights split too.
 * ``eliminate_dead_code_keeping_writes``: dead-code elimination that treats
   in-place ops (KV writes) as side effects. torch.fx's default predicate
   drops an in-place write whose result is unused; that would silently stop
@@ -17,6 +20,8 @@ import operator
 import torch
 import torch.fx as fx
 from torch import nn
+
+from fuelpipe.plan.split_gemv import split_weight  # also registers torch.ops.fuelpipe.split_gemv
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -91,9 +96,40 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
     return fused
 
 
-DEFAULT_PASSES = ("fuse_sibling_linears", "eliminate_dead_code_keeping_writes")
+def split_linears_across_threads(gm: fx.GraphModule) -> int:
+    """Replace each CPU ``nn.Linear`` whose outputs divide into the thread count by a split GEMV. Returns count."""
+    parts = torch.get_num_threads()
+    if parts < 2:
+        return 0  # one thread: nothing to split across
+    split = 0
+    for node in list(gm.graph.nodes):
+        lin = _linear_of(gm, node)
+        if lin is None or len(node.args) != 1 or node.kwargs or lin.weight.device.type != "cpu":
+            continue
+        if lin.out_features % parts:
+            continue
+        w, cols = split_weight(lin.weight.detach(), parts)
+        name = f"split_weight_{split}"
+        gm.register_buffer(name, w)
+        with gm.graph.inserting_before(node):
+            w_node = gm.graph.get_attr(name)
+            b_node = None
+            if lin.bias is not None:
+                gm.register_buffer(f"split_bias_{split}", lin.bias.detach())
+                b_node = gm.graph.get_attr(f"split_bias_{split}")
+            out = gm.graph.call_function(torch.ops.fuelpipe.split_gemv.default, (node.args[0], w_node, b_node, cols))
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        split += 1
+    gm.graph.lint()
+    gm.recompile()
+    return split
+
+
+DEFAULT_PASSES = ("fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes")
 PASSES = {
     "fuse_sibling_linears": fuse_sibling_linears,
+    "split_linears_across_threads": split_linears_across_threads,
     "eliminate_dead_code_keeping_writes": eliminate_dead_code_keeping_writes,
     "naive_eliminate_dead_code": naive_eliminate_dead_code,
 }

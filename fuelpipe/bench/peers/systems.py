@@ -168,8 +168,12 @@ class LlamaCppSystem(PeerSystem):
         llm.reset()
         clock.start()
         llm.eval(prompt)
+        n_vocab = llm.n_vocab()
         for i in range(new_tokens):
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            # The last evaluated position's logits, read in place (llama-cpp-python keeps ``scores``
+            # only with logits_all=True, which would copy every prompt row too).
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+            token = int(np.argmax(logits))
             clock.token(token)
             if i < new_tokens - 1:
                 llm.eval([token])

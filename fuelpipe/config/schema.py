@@ -159,6 +159,19 @@ class PeersConfig:
 
 
 @dataclass
+class ContextScalingConfig:
+    """``experiment=bench_context``: decode ms/token as the live context grows, per KV strategy."""
+
+    enabled: bool = False
+    lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
+    arms: List[str] = field(default_factory=lambda: [
+        "contiguous tensor", "contiguous symbol", "contiguous tensor, sized", "paged"])
+    tokens: int = 8  # timed decode steps per length
+    warmup: int = 2  # untimed steps first (the plan build, when there is one, lands here)
+    record_dir: Optional[str] = None  # also write context.md / context.png here
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     # Token-id prompts. The first drives every oracle and the benchmark; request_isolation
@@ -177,6 +190,7 @@ class ExperimentConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    context: ContextScalingConfig = field(default_factory=ContextScalingConfig)
 
 
 @dataclass

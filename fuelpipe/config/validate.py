@@ -193,7 +193,8 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
     enabled = [n for n, oc in exp.oracles.items() if oc.enabled]
-    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not exp.peers.enabled:
+    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not exp.peers.enabled \
+            and not exp.context.enabled:
         reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
         reasons.append("experiment.prompts must hold at least one non-empty prompt")
@@ -214,6 +215,7 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             f"got warmup={exp.bench.warmup} tokens={exp.bench.tokens}"
         )
     reasons += _peers(exp.peers)
+    reasons += _context(exp.context)
     return reasons
 
 
@@ -245,4 +247,18 @@ def _peers(p: DictConfig) -> list[str]:
             reasons.append(did_you_mean("experiment.peers.replan_new_tokens key", backend, BACKENDS))
         elif n < 3:
             reasons.append(f"experiment.peers.replan_new_tokens.{backend} must be >= 3, got {n}")
+    return reasons
+
+
+def _context(c: DictConfig) -> list[str]:
+    from fuelpipe.bench.context_scaling import ARMS
+
+    if not c.enabled:
+        return []
+    reasons = [did_you_mean("experiment.context.arms entry", a, ARMS) for a in c.arms if a not in ARMS]
+    if not c.lengths or min(c.lengths) < 1:
+        reasons.append(f"experiment.context.lengths must be non-empty and >= 1, got {list(c.lengths)}")
+    if c.tokens < 1 or c.warmup < 1:
+        reasons.append(f"experiment.context needs tokens >= 1 and warmup >= 1 (the build step), "
+                       f"got tokens={c.tokens} warmup={c.warmup}")
     return reasons

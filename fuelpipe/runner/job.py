@@ -34,8 +34,19 @@ def run_job(
     if not reasons:
         try:
             asm = assemble(cfg)
+            if cfg.experiment.peers.enabled:
+                from fuelpipe.bench.peers.experiment import peers_prompt
+
+                peers_prompt(asm, cfg.experiment.peers.prompt_tokens)  # needs the encoded prompt
+            if cfg.experiment.context.enabled:
+                c, limit = cfg.experiment.context, asm.model.dims.max_position_embeddings
+                if max(c.lengths) + c.warmup + c.tokens > limit:
+                    raise ConfigError(
+                        f"experiment.context.lengths reach {max(c.lengths)} + {c.warmup + c.tokens} decode steps, "
+                        f"beyond the model's max_position_embeddings {limit}"
+                    )
         except ConfigError as err:  # a rule validate() does not know yet: still a configuration problem
-            reasons = [str(err)]
+            reasons, asm = [str(err)], None
     if asm is None:
         env = env_info(_device_name(cfg), torch.get_num_threads())
         status = SKIPPED if sweep else CONFIG_ERROR
@@ -45,6 +56,7 @@ def run_job(
     generation = run_generation(cfg, asm)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
     peers = run_peers_experiment(cfg, asm) if exp.peers.enabled else None
+    context = run_context_experiment(cfg, asm) if exp.context.enabled else None
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
     oracles, bench = [], None
     with bar(steps, f"fuelpipe {exp.name}") as progress:
@@ -69,26 +81,50 @@ def run_job(
     doc["generation"] = generation
     if peers is not None:
         doc["peers"] = peers
+    if context is not None:
+        doc["context_scaling"] = context
     doc["load"] = asm.load or None
     return doc
 
 
 def run_peers_experiment(cfg: DictConfig, asm) -> dict:
     """The peers benchmark; its table and chart go next to results.json and to ``peers.record_dir``."""
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-
     from fuelpipe.bench.peers.experiment import run_peers, write_outputs
 
     p = cfg.experiment.peers
     n_systems = len(p.backends) * len(p.plans) * len(p.kv_layouts) + len(p.transformers) + 2 * p.llama_cpp
     with bar(n_systems * (1 + p.reps), "fuelpipe bench_peers") as progress:
         doc = run_peers(cfg, asm, on_progress=lambda _: progress.update())
+    doc["written"] = write_outputs(doc, _output_dirs(p.record_dir))
+    return doc
+
+
+def _output_dirs(record_dir) -> list:
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
     dirs = [Path(HydraConfig.get().runtime.output_dir)] if HydraConfig.initialized() else []
-    if p.record_dir:
-        dirs.append(Path(p.record_dir))
-    doc["written"] = write_outputs(doc, dirs)
+    return dirs + ([Path(record_dir)] if record_dir else [])
+
+
+def run_context_experiment(cfg: DictConfig, asm) -> dict:
+    """Decode ms/token against context length per KV arm; table and plot beside results.json and in record_dir."""
+    from fuelpipe.bench import context_scaling as cs
+
+    c = cfg.experiment.context
+    with bar(len(c.arms) * len(c.lengths), "fuelpipe bench_context") as progress:
+        rows = cs.run_context_scaling(
+            asm.model, asm.setup.backend, list(c.lengths), list(c.arms), c.tokens, c.warmup,
+            block_size=cfg.kv.block_size or 16, on_progress=progress.update,
+        )
+    doc = {"model": cfg.model.size, "dtype": cfg.model.dtype.value, "backend": asm.setup.backend.name,
+           "threads": asm.threads, "tokens": c.tokens, "warmup": c.warmup, "rows": rows, "written": []}
+    for d in _output_dirs(c.record_dir):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "context.md").write_text(cs.markdown(doc))
+        cs.plot(doc, d / "context.png")
+        doc["written"] += [str(d / "context.md"), str(d / "context.png")]
     return doc
 
 

@@ -61,6 +61,11 @@ def render(doc: dict[str, Any]) -> str:
 
         lines.append(markdown(doc["peers"]))
         lines += [f"written: {w}" for w in doc["peers"]["written"]]
+    if doc.get("context_scaling"):
+        from fuelpipe.bench.context_scaling import markdown as context_markdown
+
+        lines.append(context_markdown(doc["context_scaling"]))
+        lines += [f"written: {w}" for w in doc["context_scaling"]["written"]]
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
 

@@ -78,6 +78,13 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
     return systems
 
 
+def peak_rss_mb() -> float:
+    """The process's peak resident set (every system ran in this process)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
 def peers_prompt(asm, n: int) -> list[int]:
     ids = list(asm.prompts[0])
     if len(ids) < n:
@@ -114,7 +121,8 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
         "prompt_ids": prompt,
         "reference": REFERENCE if REFERENCE in names else None,
         "peers": peers,
-        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "torch": torch.__version__},
+        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "torch": torch.__version__,
+                "peak_rss_mb": peak_rss_mb()},
         "floor": {
             "bytes_per_token": floor.bytes_per_token,
             "weight_bytes": floor.weight_bytes,

@@ -25,7 +25,10 @@ def markdown(doc: dict) -> str:
         "ms/token is the median decode step (p10-p90 beside it); first token is prompt + first sample, warm; "
         "cold first token is the warm-up run's (plan build / compile included). "
         "`vs X` is X's ms/token over the row's (above 1: the row is faster). "
-        "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + ".",
+        "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + " ([n tokens] when a "
+        "replan row generated fewer). All systems share one process (peak RSS "
+        f"{env.get('peak_rss_mb', 0):.0f} MB); `RSS growth` is the process's growth over a system's setup and "
+        "warm-up, so another system's freed memory can make it negative.",
         "",
     ]
     head = ["system", "weights", "ms/token", "p10-p90", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]

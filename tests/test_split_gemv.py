@@ -1,0 +1,108 @@
+"""Thread-split GEMVs compute F.linear, and the pass applies where it should (and nowhere else)."""
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fuelpipe.context import InferenceContext
+from fuelpipe.plan.fx_passes import fuse_sibling_linears, split_linears_across_threads
+from fuelpipe.plan.split_gemv import WIDE_RATIO, reference_linear, split_gemv, split_weight
+from fuelpipe.step import step_module_for
+
+
+@pytest.fixture
+def threads():
+    """Set torch's intra-op threads for one test, restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("n,k", [(24, 4), (8, 12), (12, 12)])  # wide (cols layout), tall and square (rows)
+@pytest.mark.parametrize("lead", [(1, 1), (1, 5), (3,)])  # one decode token, a prefill block, a flat batch
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_split_gemv_equals_linear(parts, n, k, lead, with_bias):
+    g = torch.Generator().manual_seed(n * 100 + k)
+    weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g) if with_bias else None
+    x = torch.randn(*lead, k, generator=g)
+    w, cols = split_weight(weight, parts)
+    assert cols == (n >= WIDE_RATIO * k)
+    out = split_gemv(x, w, bias, cols)
+    assert out.shape == (*lead, n)
+    torch.testing.assert_close(out, reference_linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_rows_layout_is_a_view_and_cols_a_copy():
+    tall = torch.randn(8, 6)
+    w, cols = split_weight(tall, 2)
+    assert not cols and w.data_ptr() == tall.data_ptr()
+    wide = torch.randn(32, 4)
+    w, cols = split_weight(wide, 2)
+    assert cols and w.data_ptr() != wide.data_ptr()
+
+
+@pytest.mark.parametrize("fault", ["layout flag flipped", "parts swapped"])
+def test_negative_control_a_mis_split_weight_is_caught(fault):
+    """The equality check above can fail: a wrongly split weight gives a different answer."""
+    weight, x = torch.randn(24, 4), torch.randn(1, 1, 4)
+    w, cols = split_weight(weight, 2)
+    if fault == "layout flag flipped":
+        w, cols = w.reshape(2, 12, 4).contiguous(), not cols  # same numbers, read as the other layout
+    else:
+        w = w.flip(0).contiguous()  # part 1's rows where part 0's belong
+    out = split_gemv(x, w, None, cols)
+    assert (out - F.linear(x, weight)).abs().max() > 1e-3
+
+
+def test_pass_splits_every_linear_and_keeps_logits(tiny_llama, threads):
+    threads(2)
+    step = step_module_for(tiny_llama, "tensor")
+    gm = fx.symbolic_trace(step)
+    fuse_sibling_linears(gm)
+    n_linear = sum(1 for n in gm.graph.nodes if n.op == "call_module" and "linear" in type(gm.get_submodule(n.target)).__name__.lower())
+    split = split_linears_across_threads(gm)
+    assert split == n_linear  # tiny llama: every out_features is even
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.fuelpipe.split_gemv.default) == split
+    ctx = InferenceContext(tiny_llama, "eager")
+    outs = []
+    for program in (step, gm):
+        cache = ctx.new_cache(16)
+        host = ctx._host(cache, torch.tensor([[5, 6, 7]]))
+        outs.append(program(host.token_ids, host.rope_cos, host.rope_sin, host.mask, host.write_index, cache.bound_tensors()))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=0)
+
+
+def test_pass_is_a_no_op_on_one_thread(tiny_llama, threads):
+    threads(1)
+    gm = fx.symbolic_trace(step_module_for(tiny_llama, "tensor"))
+    assert split_linears_across_threads(gm) == 0
+
+
+def test_pass_leaves_linears_whose_outputs_do_not_divide(threads):
+    threads(2)
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.even, self.odd = torch.nn.Linear(4, 6), torch.nn.Linear(4, 5)
+
+        def forward(self, x):
+            return self.even(x).sum() + self.odd(x).sum()
+
+    gm = fx.symbolic_trace(Odd())
+    assert split_linears_across_threads(gm) == 1
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["odd"]
+
+
+def test_plan_once_with_the_split_is_bit_identical_to_replan(tiny_llama, threads):
+    threads(2)
+    outs = []
+    for plan in ("plan_once", "replan"):
+        ctx = InferenceContext(tiny_llama, "fx", plan)
+        cache = ctx.new_cache(16)
+        ctx.prefill(cache, [1, 2, 3])
+        outs.append(torch.stack([ctx.decode(cache, t)[0] for t in (4, 5, 6)]))
+    assert torch.equal(outs[0], outs[1])
+    assert InferenceContext(tiny_llama, "fx").plan.spec.fx_passes.count("split_linears_across_threads") == 1

@@ -45,7 +45,7 @@ def test_cli_bench_context_reuses_plans_across_lengths_and_writes_plot(tmp_path)
     assert len(rows) == 8
     for arm in ("contiguous tensor", "contiguous symbol", "paged"):  # fixed capacity: built once, then rebound
         assert (builds[arm, 4], builds[arm, 16]) == (1, 0), arm
-    assert builds["contiguous tensor, sized", 16] == 1  # a new capacity is a new geometry: rebuilt
+    assert builds["contiguous sized", 16] == 1  # a new capacity is a new geometry: rebuilt
     attended = {(r["arm"], r["context"]): r["kv_bytes_attended_per_token"] for r in rows}
     assert attended["contiguous symbol", 16] > attended["contiguous symbol", 4]
     assert attended["contiguous tensor", 16] == attended["contiguous tensor", 4]
@@ -54,12 +54,23 @@ def test_cli_bench_context_reuses_plans_across_lengths_and_writes_plot(tmp_path)
         assert "| contiguous symbol |" in (d / "context.md").read_text()
 
 
+def test_cli_bench_context_runs_the_sized_arm_alone(tmp_path):
+    proc = run_cli(
+        "experiment=bench_context", "experiment.context.lengths=[4]", "experiment.context.tokens=1",
+        "experiment.context.warmup=1", "experiment.context.arms=[contiguous sized]",
+        f"hydra.run.dir={tmp_path}", cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| contiguous sized |" in (tmp_path / "context.md").read_text()
+
+
 @pytest.mark.parametrize(
     "override, reason",
     [
         ("experiment.context.arms=[pagd]", "unknown experiment.context.arms entry 'pagd'; did you mean 'paged'?"),
         ("experiment.context.lengths=[100000]", "beyond the model's max_position_embeddings"),
         ("experiment.context.tokens=0", "experiment.context needs tokens >= 1"),
+        ("experiment.context.arms=[]", "experiment.context.arms is empty"),
     ],
 )
 def test_cli_bench_context_refuses_bad_settings(tmp_path, override, reason):

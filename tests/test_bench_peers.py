@@ -10,7 +10,7 @@ from conftest import run_cli
 from fuelpipe.bench.peers import trace as trace_mod
 from fuelpipe.bench.peers.experiment import best_fuelpipe
 from fuelpipe.bench.peers.floor import Bandwidth, decode_floor, kv_bytes_read, weight_bytes_per_token
-from fuelpipe.bench.peers.run import SystemRecord, add_ratios, summarize
+from fuelpipe.bench.peers.run import SystemRecord, add_ratios, compare, summarize
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace, TokenClock
 from models.registry import build_random_model
@@ -49,34 +49,60 @@ def test_floor_is_bytes_over_bandwidth(tiny_llama):
 
 
 class Fake(PeerSystem):
-    def __init__(self, name, group, tokens, steps):
-        self.name, self.group, self._tokens, self._steps = name, group, tokens, steps
+    def __init__(self, name, group, tokens, steps, weights="f32"):
+        self.name, self.group, self._tokens, self._steps, self.weights = name, group, tokens, steps, weights
 
 
-def record(name, group, tokens, steps) -> SystemRecord:
-    rec = SystemRecord(Fake(name, group, tokens, steps))
-    rec.timed = [RunTrace(tokens, 50.0, steps)]
+def record(name, group, tokens, steps, weights="f32", reps=1) -> SystemRecord:
+    rec = SystemRecord(Fake(name, group, tokens, steps, weights))
+    rec.timed = [RunTrace(tokens, 50.0, [x + 0.5 * i for x in steps]) for i in range(reps)]
     return rec
 
 
-def test_summary_ratios_and_the_reference_token_check():
+def summary(recs, peers):
     floor = decode_floor(build_random_model("llama", "tiny", seed=0), 8, 4, BW)
-    recs = [
+    rows = summarize(recs, floor, "transformers dynamic")
+    add_ratios(rows, peers)
+    return rows, {r["system"]: r for r in rows}
+
+
+def test_summary_ratios_and_the_reference_token_check():
+    rows, by = summary([
         record("transformers dynamic", "transformers", [1, 2, 3], [40.0, 40.0]),
         record("fuelpipe fx plan_once contiguous", "fuelpipe", [1, 2, 3], [20.0, 20.0]),
         # Negative control: a faster row with different tokens must be flagged and never win.
         record("fuelpipe eager plan_once contiguous", "fuelpipe", [1, 2, 4], [10.0, 10.0]),
-    ]
-    rows = summarize(recs, floor, "transformers dynamic")
-    add_ratios(rows, ["transformers dynamic"])
-    by = {r["system"]: r for r in rows}
+    ], ["transformers dynamic"])
     assert by["fuelpipe fx plan_once contiguous"]["tokens_match_reference"] is True
     wrong = by["fuelpipe eager plan_once contiguous"]
     assert wrong["tokens_match_reference"] is False and wrong["tokens_agreeing"] == 2
     assert by["fuelpipe fx plan_once contiguous"]["vs"]["transformers dynamic"] == pytest.approx(2.0)
     best = best_fuelpipe(rows, ["transformers dynamic"])
     assert best["system"] == "fuelpipe fx plan_once contiguous"
-    assert "2.00x faster than transformers dynamic" in best["verdicts"]
+    assert best["verdicts"] == ["2.00x faster than transformers dynamic"]
+
+
+def test_a_slower_best_row_says_how_much_slower_and_other_arithmetic_stands_apart():
+    rows, by = summary([
+        record("transformers dynamic", "transformers", [1, 2, 3], [40.0, 40.0]),
+        record("llama.cpp F32", "llama.cpp", [1, 2, 3], [40.0 / 1.25, 40.0 / 1.25]),
+        record("llama.cpp Q4_1", "llama.cpp", [1, 2, 9], [10.0, 10.0], weights="q4_1"),
+        record("fuelpipe fx plan_once contiguous", "fuelpipe", [1, 2, 3], [40.0, 40.0]),
+    ], ["transformers dynamic", "llama.cpp F32", "llama.cpp Q4_1"])
+    best = best_fuelpipe(rows, ["transformers dynamic", "llama.cpp F32", "llama.cpp Q4_1"])
+    assert "1.25x slower than llama.cpp F32" in best["verdicts"]
+    assert any(v.startswith("1.00x faster than transformers dynamic (level") for v in best["verdicts"])
+    assert best["other_arithmetic"] == ["4.00x slower than llama.cpp Q4_1"]
+    q = by["llama.cpp Q4_1"]
+    assert q["achieved_gb_s"] is None and q["over_floor"] is None  # the f32 floor says nothing about Q4_1
+    assert by["llama.cpp F32"]["over_floor"] is not None
+
+
+@pytest.mark.parametrize("mine, theirs, verdict", [
+    ([10, 11, 12], [13, 14, 15], "faster"), ([13, 14], [10, 12.9], "slower"), ([10, 14], [12, 13], "level"),
+])
+def test_verdicts_need_non_overlapping_repetitions(mine, theirs, verdict):
+    assert compare(mine, theirs) == verdict
 
 
 def test_missing_peer_is_reported_not_raised():
@@ -136,6 +162,7 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
     once = rows["fuelpipe fx plan_once paged"]
     assert once["plan_builds"] == 1 and once["plan_rebinds"] >= 1  # one build, rebound to each request's pool
     assert once["replan_over_plan_once"] > 0 and once["plan_build_ms"] > 0
+    assert once["warmup_run_s"] > 0 and len(once["rep_medians_ms"]) == 1
     assert rows["fuelpipe fx replan contiguous"]["new_tokens"] == 3
     assert rows["transformers dynamic"]["status"].startswith("needs the checkpoint as a GGUF file")
     for d in (tmp_path / "run", rec):
@@ -149,10 +176,12 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
         ("experiment.peers.backends=[fxx]", "unknown experiment.peers.backends entry 'fxx'; did you mean 'fx'?"),
         ("experiment.peers.new_tokens=2", "experiment.peers.new_tokens must be >= 3"),
         ("experiment.peers.prompt_tokens=99", "experiment.peers.prompt_tokens=99 but the first prompt holds only 8"),
+        ("experiment.peers.new_tokens=5000 experiment.peers.prompt_tokens=8",
+         "experiment.peers.prompt_tokens + new_tokens = 5008 exceeds the model's max_position_embeddings"),
     ],
 )
 def test_cli_bench_peers_refuses_bad_settings_with_the_reason(tmp_path, override, reason):
-    proc = run_cli("experiment=bench_peers", override, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    proc = run_cli("experiment=bench_peers", *override.split(" "), f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2
     assert reason in proc.stdout + proc.stderr
 

@@ -9,6 +9,13 @@ from fuelpipe.results import schema_problems
 from fuelpipe.runner.job import run_job
 
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# The speed studies are sized for a real checkpoint; on the tiny model they run a few steps.
+STUDY_SIZES = {
+    "bench_peers": ["experiment.peers.prompt_tokens=8", "experiment.peers.new_tokens=3", "experiment.peers.reps=1",
+                    "experiment.peers.backends=[eager]", "experiment.peers.kv_layouts=[contiguous]",
+                    "experiment.peers.llama_cpp=false"],
+    "bench_context": ["experiment.context.lengths=[4,8]", "experiment.context.tokens=1"],
+}
 
 
 def test_presets_found():
@@ -19,7 +26,7 @@ def test_presets_found():
 def test_preset_runs_on_the_tiny_model(preset, compose_cfg):
     # generate needs a tokenizer: it runs on the real (shipped) SmolLM2 checkpoint, briefly
     model = ["model=smollm2_135m", "max_new_tokens=6"] if preset == "generate" else ["model=llama_tiny"]
-    cfg = compose_cfg([f"experiment={preset}", *model, *FAST])
+    cfg = compose_cfg([f"experiment={preset}", *model, *FAST, *STUDY_SIZES.get(preset, [])])
     doc = run_job(cfg)
     assert schema_problems(doc) == []
     assert doc["experiment"] == preset
@@ -33,6 +40,7 @@ def test_preset_runs_on_the_tiny_model(preset, compose_cfg):
     if doc["bench"]:
         assert doc["bench"]["tokens"] == exp.bench.tokens
         assert doc["bench"]["decode_ms_per_token"] > 0
+    assert ("peers" in doc) == exp.peers.enabled and ("context_scaling" in doc) == exp.context.enabled
     if exp.negative_control:
         # every oracle must catch its injected fault
         assert doc["status"] == "failed" and ran

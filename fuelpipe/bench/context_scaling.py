@@ -13,7 +13,7 @@ Arms (all through the configured backend, plan_once):
   capacity under a mask. Capacity fixed at the largest length, as a server
   would size it, so its cost should not grow with L.
 * ``contiguous symbol``: the symbol path; attends only the live prefix.
-* ``contiguous tensor, sized``: capacity = L + tokens, rebuilt per length,
+* ``contiguous sized``: capacity = L + tokens, rebuilt per length,
   to show the tensor path's cost tracks capacity, not context.
 * ``paged``: block pool + padded block table (capacity fixed as above).
 
@@ -35,7 +35,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.plan.backends import BackendSpec
 
-ARMS = ("contiguous tensor", "contiguous symbol", "contiguous tensor, sized", "paged")
+ARMS = ("contiguous tensor", "contiguous symbol", "contiguous sized", "paged")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Arm:
 ARM_SPECS = {
     "contiguous tensor": Arm("contiguous tensor", "contiguous", "tensor", False),
     "contiguous symbol": Arm("contiguous symbol", "contiguous", "symbol", False),
-    "contiguous tensor, sized": Arm("contiguous tensor, sized", "contiguous", "tensor", True),
+    "contiguous sized": Arm("contiguous sized", "contiguous", "tensor", True),
     "paged": Arm("paged", "paged", "tensor", False),
 }
 
@@ -142,9 +142,10 @@ def markdown(doc: dict) -> str:
         f"# Decode ms/token vs context: {doc['model']} ({doc['dtype']}), backend {doc['backend']}, plan_once, "
         f"{doc['threads']} threads",
         "",
-        f"Median of {doc['tokens']} decode steps after {doc['warmup']} warm-up steps per length; fixed capacity "
-        f"{max(r['capacity'] for r in rows if r['arm'] != 'contiguous tensor, sized')} positions except the "
-        "`sized` arm. Cells: ms/token (plan builds at that length in brackets when not 0).",
+        f"Median of {doc['tokens']} decode steps after {doc['warmup']} warm-up steps per length; fixed-capacity arms "
+        f"hold {max(r['capacity'] for r in rows)} positions, the `sized` arm exactly the length plus the steps. "
+        "Cells: ms/token, p10-p90 of the steps in parentheses, plan builds at that length in brackets when not 0. "
+        "The second table: KV MB each step attends.",
         "",
         "| arm | " + " | ".join(str(n) for n in lengths) + " |",
         "|---|" + "---|" * len(lengths),
@@ -153,8 +154,13 @@ def markdown(doc: dict) -> str:
         cells = []
         for n in lengths:
             r = ms[(a, n)]
-            cells.append(f"{r['ms_per_token']:.1f}" + (f" [{r['plan_builds']}]" if r["plan_builds"] else ""))
+            cells.append(f"{r['ms_per_token']:.1f} ({r['p10_ms']:.0f}-{r['p90_ms']:.0f})"
+                         + (f" [{r['plan_builds']}]" if r["plan_builds"] else ""))
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines += ["", "| KV MB attended | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for a in arms:
+        lines.append(f"| {a} | " + " | ".join(f"{ms[(a, n)]['kv_bytes_attended_per_token'] / 1e6:.1f}" for n in lengths)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -256,6 +256,8 @@ def _context(c: DictConfig) -> list[str]:
     if not c.enabled:
         return []
     reasons = [did_you_mean("experiment.context.arms entry", a, ARMS) for a in c.arms if a not in ARMS]
+    if not c.arms:
+        reasons.append("experiment.context.arms is empty: name at least one of " + ", ".join(ARMS))
     if not c.lengths or min(c.lengths) < 1:
         reasons.append(f"experiment.context.lengths must be non-empty and >= 1, got {list(c.lengths)}")
     if c.tokens < 1 or c.warmup < 1:

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuelpipe.plan.split_gemv import split_weight  # also registers torch.ops.fuelpipe.split_gemv
+from fuelpipe.plan.split_gemv import split_weight, worth_splitting  # also registers torch.ops.fuelpipe.split_gemv
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -97,16 +97,16 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
 
 
 def split_linears_across_threads(gm: fx.GraphModule) -> int:
-    """Replace each CPU ``nn.Linear`` whose outputs divide into the thread count by a split GEMV. Returns count."""
+    """Replace each large CPU ``nn.Linear`` by a GEMV split into one part per intra-op thread. Returns count.
+
+    The replaced linears (including fused ones) are dropped from the graph module, so the
+    plan holds one copy of each weight, not two.
+    """
     parts = torch.get_num_threads()
-    if parts < 2:
-        return 0  # one thread: nothing to split across
     split = 0
     for node in list(gm.graph.nodes):
         lin = _linear_of(gm, node)
-        if lin is None or len(node.args) != 1 or node.kwargs or lin.weight.device.type != "cpu":
-            continue
-        if lin.out_features % parts:
+        if lin is None or len(node.args) != 1 or node.kwargs or not worth_splitting(lin.weight, parts):
             continue
         w, cols = split_weight(lin.weight.detach(), parts)
         name = f"split_weight_{split}"
@@ -121,6 +121,8 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
         split += 1
+    # Only this module's own containers lose the entries; the model's modules are untouched.
+    gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
     return split

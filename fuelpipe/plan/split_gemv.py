@@ -8,6 +8,12 @@ while two cores together stream 17 GB/s). Splitting the output rows into
 ``P`` equal parts and running them as one batched matmul puts every core on
 its own part of the weight, concurrently.
 
+Only matrices of at least ``MIN_SPLIT_ELEMENTS`` are split: for small ones
+the cost of running every thread outweighs what they stream (tiny test models
+are left as plain linears). The part count is the intra-op thread count when
+the plan is built; a plan run later on a different thread count still computes
+the same function, only its split no longer matches the threads.
+
 Two layouts, chosen per shape when the plan is built:
 
 * ``rows``: the weight viewed as ``[P, N/P, K]`` (no copy); each part is a
@@ -29,6 +35,17 @@ import torch
 import torch.nn.functional as F
 
 WIDE_RATIO = 4  # cols layout when out_features >= WIDE_RATIO * in_features
+# Below this many weight elements a split costs more than it streams: waking every thread
+# for a small matrix (and waiting on a busy core) outweighs the bandwidth it adds. 2**18
+# elements is 1 MiB in f32; SmolLM2's smallest projection (576 x 576) is just above it.
+MIN_SPLIT_ELEMENTS = 2**18
+
+
+def worth_splitting(weight: torch.Tensor, parts: int) -> bool:
+    """Split only on CPU, across >= 2 parts that divide the outputs, and for matrices big enough to pay."""
+    n = weight.shape[0]
+    return (weight.device.type == "cpu" and parts >= 2 and n % parts == 0
+            and weight.numel() >= MIN_SPLIT_ELEMENTS)
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -37,7 +37,13 @@ def run_job(
             if cfg.experiment.peers.enabled:
                 from fuelpipe.bench.peers.experiment import peers_prompt
 
-                peers_prompt(asm, cfg.experiment.peers.prompt_tokens)  # needs the encoded prompt
+                p, limit = cfg.experiment.peers, asm.model.dims.max_position_embeddings
+                peers_prompt(asm, p.prompt_tokens)  # needs the encoded prompt
+                if p.prompt_tokens + p.new_tokens > limit:
+                    raise ConfigError(
+                        f"experiment.peers.prompt_tokens + new_tokens = {p.prompt_tokens + p.new_tokens} exceeds the "
+                        f"model's max_position_embeddings {limit}"
+                    )
             if cfg.experiment.context.enabled:
                 c, limit = cfg.experiment.context, asm.model.dims.max_position_embeddings
                 if max(c.lengths) + c.warmup + c.tokens > limit:

@@ -26,12 +26,14 @@ ROUNDS = {
 }
 SHORT_ROUNDS = {"eager": (5, 3), "fx": (5, 2), "inductor": (5, 1)}
 
-# Tiny models, one per KV path: (family, KV kind, offset path the driver takes)
+# Tiny models per KV path: (family, KV kind, offset path; None: the family's own).
+# llama_tensor vs llama_symbol compares the two offset paths on one model.
 TINY_PATHS = {
-    "llama_tensor": ("llama", "contiguous"),  # device-offset path, attends the padded cache
-    "llama_paged": ("llama", "paged"),  # block pool + block table
-    "phi_symbol": ("phi", "contiguous"),  # symbol path, attends the live prefix
-    "deepseek_latent": ("deepseek_v2", "latent"),  # MLA latent slots
+    "llama_tensor": ("llama", "contiguous", None),  # device-offset path, attends the padded cache
+    "llama_symbol": ("llama", "contiguous", "symbol"),  # symbol path, attends the live prefix
+    "llama_paged": ("llama", "paged", None),  # block pool + block table
+    "phi_symbol": ("phi", "contiguous", None),  # Phi's own path is the symbol path
+    "deepseek_latent": ("deepseek_v2", "latent", None),  # MLA latent slots
 }
 
 _models: dict[tuple[str, str], torch.nn.Module] = {}
@@ -55,8 +57,8 @@ def new_cache(ctx, kv):
     return ctx.new_cache(128)  # contiguous, or a latent cache for an MLA model
 
 
-def bench_decode(benchmark, family, size, backend, plan, kv="contiguous"):
-    ctx = InferenceContext(model_for(family, size), backend, plan)
+def bench_decode(benchmark, family, size, backend, plan, kv="contiguous", offset_mode=None):
+    ctx = InferenceContext(model_for(family, size), backend, plan, offset_mode=offset_mode)
     cache = new_cache(ctx, kv)
     ctx.prefill(cache, PROMPT)
     ctx.decode(cache, 5)  # the build token (plan_once) is not what we time
@@ -68,7 +70,7 @@ def bench_decode(benchmark, family, size, backend, plan, kv="contiguous"):
 
     benchmark.extra_info.update(
         {"family": family, "model": size, "backend": backend, "plan": plan, "kv": kv,
-         "builds_before": ctx.plan.stats.builds}
+         "offset_mode": ctx.offset_mode, "builds_before": ctx.plan.stats.builds}
     )
     benchmark.pedantic(one_token, rounds=rounds_for(size, backend, plan), warmup_rounds=1 if plan == "plan_once" else 0)
     builds = ctx.plan.stats.builds
@@ -85,9 +87,9 @@ def bench_decode(benchmark, family, size, backend, plan, kv="contiguous"):
 @pytest.mark.parametrize("backend", ["eager", "fx", "inductor"])
 @pytest.mark.parametrize("path", list(TINY_PATHS))
 def test_decode_tiny(benchmark, path, backend, plan):
-    family, kv = TINY_PATHS[path]
+    family, kv, offset_mode = TINY_PATHS[path]
     benchmark.group = f"decode tiny {path}"
-    bench_decode(benchmark, family, "tiny", backend, plan, kv)
+    bench_decode(benchmark, family, "tiny", backend, plan, kv, offset_mode)
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ are reported as unavailable, never silently dropped.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import platform
 import time
 from pathlib import Path
@@ -15,13 +17,14 @@ from typing import Callable, Optional
 import torch
 from omegaconf import DictConfig
 
-from fuelpipe.bench.peers.floor import decode_floor, measure_read_bandwidth
+from fuelpipe.bench.peers.floor import decode_floor, measure_in_subprocess
 from fuelpipe.bench.peers.report import bar_chart, markdown
 from fuelpipe.bench.peers.run import add_ratios, run_systems, summarize
 from fuelpipe.bench.peers.systems import FuelpipeSystem, LlamaCppSystem, PeerSystem, TransformersSystem
 from fuelpipe.config.schema import Weights
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
+from fuelpipe.results import git_hash
 
 REFERENCE = "transformers dynamic"
 
@@ -55,7 +58,8 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
         for backend in p.backends:
             for plan in p.plans:
                 cap = p.replan_new_tokens.get(backend) if plan == "replan" else None
-                systems.append(FuelpipeSystem(asm.model, backend, plan, kv, max_new_tokens=cap))
+                spec = dataclasses.replace(asm.setup.backend, name=backend)  # the configured passes and cache policy
+                systems.append(FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap))
     path = checkpoint_gguf(cfg.model)
     shared: dict = {}
     for mode in p.transformers:
@@ -76,6 +80,18 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
             f32.path = f32_gguf_path(path, cache_dir())
         systems += [f32, orig]
     return systems
+
+
+def peer_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("transformers", "llama-cpp-python"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 def peak_rss_mb() -> float:
@@ -100,10 +116,14 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
     t0 = time.perf_counter()
     prompt = peers_prompt(asm, p.prompt_tokens)
     systems = build_systems(cfg, asm)
-    bandwidth = measure_read_bandwidth()
+    threads = torch.get_num_threads()
+    load_before = os.getloadavg()
+    bandwidth = measure_in_subprocess(threads)
     floor = decode_floor(asm.model, p.prompt_tokens, p.new_tokens, bandwidth)
     records = run_systems(systems, prompt, p.new_tokens, p.reps, on_progress)
-    bandwidth_after = measure_read_bandwidth()  # drift check: the floor uses the better of the two
+    load_after = os.getloadavg()
+    bandwidth_after = measure_in_subprocess(threads)  # drift check: the floor uses the better of the two
+    bandwidth_before = bandwidth.gb_s
     if bandwidth_after.gb_s > bandwidth.gb_s:
         bandwidth = bandwidth_after
         floor = decode_floor(asm.model, p.prompt_tokens, p.new_tokens, bandwidth)
@@ -121,8 +141,10 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
         "prompt_ids": prompt,
         "reference": REFERENCE if REFERENCE in names else None,
         "peers": peers,
-        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "torch": torch.__version__,
-                "peak_rss_mb": peak_rss_mb()},
+        "env": {"threads": threads, "cpu": cpu_name(), "torch": torch.__version__, "peak_rss_mb": peak_rss_mb(),
+                "versions": peer_versions(), "git": git_hash(), "fx_passes": list(asm.setup.backend.fx_passes),
+                "load_avg_1m_before": load_before[0], "load_avg_1m_after": load_after[0],
+                "bandwidth_gb_s_before_after": [bandwidth_before, bandwidth_after.gb_s]},
         "floor": {
             "bytes_per_token": floor.bytes_per_token,
             "weight_bytes": floor.weight_bytes,
@@ -130,6 +152,7 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
             "bandwidth_gb_s": floor.bandwidth.gb_s,
             "bandwidth_method": floor.bandwidth.method,
             "ms_per_token": floor.ms_per_token,
+            "weights": floor.weights,
         },
         "rows": rows,
         "wall_s": time.perf_counter() - t0,
@@ -147,17 +170,26 @@ def _replan_ratios(rows: list[dict]) -> None:
 
 
 def best_fuelpipe(rows: list[dict], peers: list[str]) -> Optional[dict]:
-    """The fastest fuelpipe plan_once row whose tokens match the reference, and how it compares."""
+    """The fastest fuelpipe plan_once row whose tokens match the reference, and how it compares.
+
+    Verdicts name only peers computing the same function (their tokens match the reference);
+    the others are listed apart, for reference.
+    """
     ok = [r for r in rows if r.get("group") == "fuelpipe" and r.get("status") == "ok" and " plan_once " in r["system"]
           and r.get("tokens_match_reference") is not False]
     if not ok:
         return None
     best = min(ok, key=lambda r: r["ms_per_token"])
-    verdicts = []
+    same = {r["system"] for r in rows if r.get("status") == "ok" and r.get("tokens_match_reference") is not False}
+    verdicts, other = [], []
     for peer, ratio in best.get("vs", {}).items():
-        verdicts.append(f"{ratio:.2f}x {'faster' if ratio > 1 else 'slower'} than {peer}")
+        how = best["verdict"][peer]
+        text = (f"{ratio:.2f}x faster than {peer}" if ratio >= 1 else f"{1 / ratio:.2f}x slower than {peer}")
+        if how == "level":
+            text += " (level: per-repetition medians overlap)"
+        (verdicts if peer in same else other).append(text)
     return {"system": best["system"], "ms_per_token": best["ms_per_token"], "over_floor": best["over_floor"],
-            "verdicts": verdicts}
+            "verdicts": verdicts, "other_arithmetic": other}
 
 
 def write_outputs(doc: dict, out_dirs: list[Path]) -> list[str]:

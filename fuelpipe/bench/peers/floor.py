@@ -9,6 +9,9 @@ the threads the benchmark uses (the same threads every system gets).
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -37,6 +40,17 @@ def measure_read_bandwidth(buffer_mb: float = 1024.0, repeats: int = 7) -> Bandw
             if rate > best:
                 best, how = rate, name
     return Bandwidth(best, f"torch {how} over {buffer_mb:.0f} MB f32, {torch.get_num_threads()} threads", buffer_mb, repeats)
+
+
+def measure_in_subprocess(threads: int, buffer_mb: float = 1024.0) -> Bandwidth:
+    """``measure_read_bandwidth`` in a child process, so its 2 GB of buffers never count in this one's RSS."""
+    code = (
+        "import json, sys, torch; from dataclasses import asdict; "
+        "from fuelpipe.bench.peers.floor import measure_read_bandwidth; "
+        f"torch.set_num_threads({threads}); print(json.dumps(asdict(measure_read_bandwidth({buffer_mb}))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    return Bandwidth(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
@@ -70,6 +84,7 @@ class Floor:
     weight_bytes: int
     kv_bytes: float
     bandwidth: Bandwidth
+    weights: str = "f32"  # the arithmetic the byte count describes (rows running other weights are off the floor)
 
     @property
     def ms_per_token(self) -> float:
@@ -83,4 +98,5 @@ def decode_floor(model, prompt_len: int, new_tokens: int, bandwidth: Bandwidth) 
     mean_live = prompt_len + new_tokens / 2.0
     w = weight_bytes_per_token(model)
     kv = kv_bytes_read(d.n_layers, d.n_kv_heads, d.head_dim, mean_live, elem)
-    return Floor(w + kv, w, kv, bandwidth)
+    name = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(next(model.parameters()).dtype, "other")
+    return Floor(w + kv, w, kv, bandwidth, name)

@@ -15,15 +15,21 @@ def markdown(doc: dict) -> str:
         f"# Decode speed: {doc['model']} ({doc['dtype']}), {doc['prompt_tokens']}-token prompt, "
         f"{doc['new_tokens']} new tokens, greedy, {env['threads']} threads",
         "",
-        f"Machine: {env['cpu']}; torch {env['torch']}; {doc['reps']} timed repetitions per system after one warm-up, "
-        "systems interleaved (order rotated every repetition).",
+        f"Machine: {env['cpu']}; torch {env['torch']}; "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in env.get("versions", {}).items())
+        + f"; commit {env.get('git')}; fx passes {env.get('fx_passes')}; 1-min load average "
+        f"{env.get('load_avg_1m_before', 0):.2f} before, {env.get('load_avg_1m_after', 0):.2f} after. "
+        f"{doc['reps']} timed repetitions per system after one warm-up, systems interleaved (order rotated every "
+        "repetition).",
         "",
         f"Floor: {floor['bytes_per_token'] / 1e6:.1f} MB read per token (weights {floor['weight_bytes'] / 1e6:.1f} MB "
         f"+ mean live KV {floor['kv_bytes'] / 1e6:.2f} MB) at {floor['bandwidth_gb_s']:.1f} GB/s "
         f"({floor['bandwidth_method']}) = **{floor['ms_per_token']:.2f} ms/token**.",
         "",
-        "ms/token is the median decode step (p10-p90 beside it); first token is prompt + first sample, warm; "
-        "cold first token is the warm-up run's (plan build / compile included). "
+        "ms/token is the median of all timed decode steps (p10-p90 of the steps beside it; `reps` the range of "
+        "the per-repetition medians, the run-to-run spread). GB/s and x floor only for rows running the floor's "
+        "arithmetic. first token is prompt + first sample, warm; `warm-up s` is the whole first generation "
+        "(plan build / compile included), `build ms` one fuelpipe plan build. "
         "`vs X` is X's ms/token over the row's (above 1: the row is faster). "
         "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + " ([n tokens] when a "
         "replan row generated fewer). All systems share one process (peak RSS "
@@ -31,8 +37,8 @@ def markdown(doc: dict) -> str:
         "warm-up, so another system's freed memory can make it negative.",
         "",
     ]
-    head = ["system", "weights", "ms/token", "p10-p90", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
-    head += ["first token ms", "cold first token ms", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB"]
+    head = ["system", "weights", "ms/token", "p10-p90", "reps", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
+    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows:
@@ -46,11 +52,12 @@ def markdown(doc: dict) -> str:
             match_s += f" [{r['new_tokens']} tokens]"
         cells = [
             r["system"], r["weights"], _f(r["ms_per_token"]), f"{r['p10_ms']:.1f}-{r['p90_ms']:.1f}",
+            f"{min(r['rep_medians_ms']):.1f}-{max(r['rep_medians_ms']):.1f}",
             _f(r["tokens_per_s"]), _f(r["achieved_gb_s"]), _f(r["over_floor"], "{:.2f}"),
         ]
         cells += [_f(vs.get(p), "{:.2f}") for p in peers]
         cells += [
-            _f(r["first_token_ms"]), _f(r["cold_first_token_ms"]), _f(r.get("plan_build_ms")),
+            _f(r["first_token_ms"]), _f(r["warmup_run_s"]), _f(r.get("plan_build_ms")),
             _f(r.get("replan_over_plan_once"), "{:.1f}x"), match_s, _f(r["footprint_mb"], "{:.0f}"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -58,6 +65,9 @@ def markdown(doc: dict) -> str:
     if best:
         lines += ["", "**Best fuelpipe plan_once:** " + best["system"] + f" at {best['ms_per_token']:.1f} ms/token, "
                   f"{best['over_floor']:.2f}x the floor; " + ("; ".join(best["verdicts"]) or "no peer ran") + "."]
+        if best.get("other_arithmetic"):
+            lines.append("Against peers computing something else (their tokens differ; for reference only): "
+                         + "; ".join(best["other_arithmetic"]) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ a row whose tokens differ is reported but does not count as a speed result.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,6 +28,7 @@ MB = 1024 * 1024
 class SystemRecord:
     system: PeerSystem
     footprint_mb: float = 0.0
+    warmup_run_s: float = 0.0  # the first generation's wall time: plan builds and compiles land here
     cold: Optional[RunTrace] = None
     timed: list[RunTrace] = field(default_factory=list)
 
@@ -51,7 +53,9 @@ def run_systems(
             continue
         before = proc.memory_info().rss
         s.setup()
+        t0 = time.perf_counter()
         rec.cold = s.run(prompt, _tokens_for(s, new_tokens))
+        rec.warmup_run_s = time.perf_counter() - t0
         rec.footprint_mb = (proc.memory_info().rss - before) / MB
         if on_progress:
             on_progress(f"warm-up {s.name}")
@@ -85,9 +89,12 @@ def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str
             continue
         steps = rec.steps
         med = statistics.median(steps)
+        rep_medians = [statistics.median(t.step_ms) for t in rec.timed]
         tokens = rec.timed[0].tokens
         same_every_rep = all(t.tokens == tokens for t in rec.timed)
         agree = None if ref_tokens is None else _agreeing_prefix(tokens, ref_tokens)
+        # The floor counts the model's own bytes: it applies to rows running that arithmetic only.
+        on_floor = s.weights == floor.weights
         row.update(
             status="ok",
             new_tokens=len(tokens),
@@ -95,11 +102,12 @@ def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str
             ms_per_token=med,
             p10_ms=percentile(steps, 10),
             p90_ms=percentile(steps, 90),
+            rep_medians_ms=rep_medians,
             tokens_per_s=1000.0 / med,
-            achieved_gb_s=floor.bytes_per_token / (med / 1000.0) / 1e9,
-            over_floor=med / floor.ms_per_token,
+            achieved_gb_s=floor.bytes_per_token / (med / 1000.0) / 1e9 if on_floor else None,
+            over_floor=med / floor.ms_per_token if on_floor else None,
             first_token_ms=statistics.median(t.first_token_ms for t in rec.timed),
-            cold_first_token_ms=rec.cold.first_token_ms if rec.cold else None,
+            warmup_run_s=rec.warmup_run_s,
             footprint_mb=rec.footprint_mb,
             tokens_match_reference=None if agree is None else agree == len(tokens),
             tokens_agreeing=agree,
@@ -120,9 +128,21 @@ def _agreeing_prefix(a: list[int], b: list[int]) -> int:
 
 
 def add_ratios(rows: list[dict], peers: list[str]) -> None:
-    """``vs <peer>``: the peer's ms/token over this row's (above 1: this row is faster)."""
-    ms = {r["system"]: r.get("ms_per_token") for r in rows}
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        r["vs"] = {p: ms[p] / r["ms_per_token"] for p in peers if ms.get(p)}
+    """``vs <peer>``: the peer's ms/token over this row's (above 1: this row is faster).
+
+    ``verdict <peer>``: ``faster`` / ``slower`` only when the two rows' per-repetition medians do
+    not overlap; otherwise ``level`` (the difference is inside run-to-run spread).
+    """
+    by = {r["system"]: r for r in rows if r.get("status") == "ok"}
+    for r in by.values():
+        r["vs"] = {p: by[p]["ms_per_token"] / r["ms_per_token"] for p in peers if p in by}
+        r["verdict"] = {p: compare(r["rep_medians_ms"], by[p]["rep_medians_ms"]) for p in peers if p in by}
+
+
+def compare(mine: list[float], theirs: list[float]) -> str:
+    """faster | slower | level, from the spread of per-repetition medians."""
+    if max(mine) < min(theirs):
+        return "faster"
+    if min(mine) > max(theirs):
+        return "slower"
+    return "level"

@@ -41,11 +41,11 @@ class PeerSystem:
 class FuelpipeSystem(PeerSystem):
     group = "fuelpipe"
 
-    def __init__(self, model, backend: str, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None) -> None:
+    def __init__(self, model, backend: BackendSpec, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None) -> None:
         self.model, self.backend, self.plan, self.kv = model, backend, plan, kv
-        self.name = f"fuelpipe {backend} {plan} {kv.layout}"
+        self.name = f"fuelpipe {backend.name} {plan} {kv.layout}"
         self.max_new_tokens = max_new_tokens
-        self.ctx = InferenceContext(model, BackendSpec(name=backend), PlanMode.parse(plan))
+        self.ctx = InferenceContext(model, backend, PlanMode.parse(plan))
 
     def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
         clock = TokenClock()
@@ -62,6 +62,7 @@ class FuelpipeSystem(PeerSystem):
             "plan_rebinds": s.rebinds,
             "plan_build_ms": 1000.0 * s.build_s / max(1, s.builds),
             "plan_nodes": None if session is None else session.node_count,
+            "fx_passes": list(self.backend.fx_passes) if self.backend.name != "eager" else [],
         }
 
 
@@ -80,7 +81,6 @@ class TransformersSystem(PeerSystem):
             raise ValueError(f"transformers mode must be one of {self.MODES}, got {mode!r}")
         self.path, self.mode, self._shared = gguf_path, mode, shared
         self.name = f"transformers {mode.replace('_', '+')}"
-        self._compile_s: Optional[float] = None
         try:
             import accelerate  # noqa: F401  (transformers' GGUF loading needs it)
             import transformers  # noqa: F401

@@ -57,8 +57,12 @@ class PlanStats:
 
 
 def step_kind_for(cache, offset_mode: str) -> str:
-    """Paged and latent caches name their own step; a contiguous one uses the family's offset path."""
-    return offset_mode if cache.step_kind == "contiguous" else cache.step_kind
+    """A contiguous cache uses the offset path; a paged one its own step, on that path; latent its own."""
+    if cache.step_kind == "contiguous":
+        return offset_mode
+    if cache.step_kind == "paged" and offset_mode == "symbol":
+        return "paged_symbol"  # attends the live blocks only
+    return cache.step_kind
 
 
 def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:

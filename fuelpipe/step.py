@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
-from fuelpipe.kv.views import LatentKv, PagedKv, SymbolOffsetKv, TensorOffsetKv
+from fuelpipe.kv.views import LatentKv, PagedKv, PagedPrefixKv, SymbolOffsetKv, TensorOffsetKv
 
 
 def run_step(
@@ -93,6 +93,22 @@ class PagedStep(nn.Module):
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 
 
+class PagedPrefixStep(nn.Module):
+    """Paged pool on the symbol path: also takes the live length, and attends only the live blocks."""
+
+    def __init__(self, backbone: DecodeBackbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, attended_len: int, kv):
+        d = self.backbone.dims
+        views = [
+            PagedPrefixKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim, attended_len)
+            for i in range(d.n_layers)
+        ]
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+
+
 class LatentStep(nn.Module):
     """Step program signature for a latent (MLA) cache: tensor write offsets, two slots per layer."""
 
@@ -105,7 +121,15 @@ class LatentStep(nn.Module):
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 
 
-STEP_KINDS = {"tensor": TensorOffsetStep, "symbol": SymbolOffsetStep, "paged": PagedStep, "latent": LatentStep}
+STEP_KINDS = {
+    "tensor": TensorOffsetStep,
+    "symbol": SymbolOffsetStep,
+    "paged": PagedStep,
+    "paged_symbol": PagedPrefixStep,
+    "latent": LatentStep,
+}
+# Step kinds that take per-pass host integers (compiled with symbolic sizes by inductor).
+SYMBOLIC_KINDS = ("symbol", "paged_symbol")
 
 
 def step_module_for(backbone: DecodeBackbone, step_kind: str) -> nn.Module:
@@ -119,4 +143,6 @@ def step_args(step_kind: str, buffers, host, kv: list) -> tuple:
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, kv)
     if step_kind == "symbol":
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, host.cached_len, host.attended_len, kv)
+    if step_kind == "paged_symbol":
+        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, host.attended_len, kv)
     return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, kv)

@@ -42,13 +42,15 @@ def test_cli_bench_context_reuses_plans_across_lengths_and_writes_plot(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "run" / "results.json").read_text())["context_scaling"]["rows"]
     builds = {(r["arm"], r["context"]): r["plan_builds"] for r in rows}
-    assert len(rows) == 8
-    for arm in ("contiguous tensor", "contiguous symbol", "paged"):  # fixed capacity: built once, then rebound
+    assert len(rows) == 10
+    for arm in ("contiguous tensor", "contiguous symbol", "paged", "paged symbol"):  # fixed capacity: built once, then rebound
         assert (builds[arm, 4], builds[arm, 16]) == (1, 0), arm
     assert builds["contiguous sized", 16] == 1  # a new capacity is a new geometry: rebuilt
     attended = {(r["arm"], r["context"]): r["kv_bytes_attended_per_token"] for r in rows}
     assert attended["contiguous symbol", 16] > attended["contiguous symbol", 4]
     assert attended["contiguous tensor", 16] == attended["contiguous tensor", 4]
+    assert attended["paged symbol", 16] > attended["paged symbol", 4]
+    assert attended["paged", 16] == attended["paged", 4]
     for d in (tmp_path / "run", rec):
         assert (d / "context.png").stat().st_size > 0
         assert "| contiguous symbol |" in (d / "context.md").read_text()

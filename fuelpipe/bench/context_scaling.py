@@ -15,7 +15,9 @@ Arms (all through the configured backend, plan_once):
 * ``contiguous symbol``: the symbol path; attends only the live prefix.
 * ``contiguous sized``: capacity = L + tokens, rebuilt per length,
   to show the tensor path's cost tracks capacity, not context.
-* ``paged``: block pool + padded block table (capacity fixed as above).
+* ``paged``: block pool + padded block table (capacity fixed as above); gathers every
+  table entry, padding included.
+* ``paged symbol``: the same pool on the symbol path; gathers only the live blocks.
 
 Batched decode (several sequences per step) does not exist in fuelpipe, so
 there is no batch axis.
@@ -35,7 +37,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.plan.backends import BackendSpec
 
-ARMS = ("contiguous tensor", "contiguous symbol", "contiguous sized", "paged")
+ARMS = ("contiguous tensor", "contiguous symbol", "contiguous sized", "paged", "paged symbol")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ ARM_SPECS = {
     "contiguous symbol": Arm("contiguous symbol", "contiguous", "symbol", False),
     "contiguous sized": Arm("contiguous sized", "contiguous", "tensor", True),
     "paged": Arm("paged", "paged", "tensor", False),
+    "paged symbol": Arm("paged symbol", "paged", "symbol", False),
 }
 
 
@@ -124,8 +127,10 @@ def run_context_scaling(
 def _attended_bytes(model, arm: Arm, length: int, capacity: int, block_size: int) -> int:
     d = model.dims
     elem = next(model.parameters()).element_size()
-    if arm.offset_mode == "symbol":
-        positions = length
+    if arm.offset_mode == "symbol" and arm.layout == "paged":
+        positions = -(-(length + 1) // block_size) * block_size  # the live blocks, this step's token included
+    elif arm.offset_mode == "symbol":
+        positions = length + 1
     elif arm.layout == "paged":
         positions = -(-capacity // block_size) * block_size
     else:

@@ -165,7 +165,7 @@ class ContextScalingConfig:
     enabled: bool = False
     lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
     arms: List[str] = field(default_factory=lambda: [
-        "contiguous tensor", "contiguous symbol", "contiguous sized", "paged"])
+        "contiguous tensor", "contiguous symbol", "contiguous sized", "paged", "paged symbol"])
     tokens: int = 16  # timed decode steps per length
     warmup: int = 2  # untimed steps first (the plan build, when there is one, lands here)
     record_dir: Optional[str] = None  # also write context.md / context.png here

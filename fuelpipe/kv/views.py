@@ -70,6 +70,33 @@ class PagedKv:
         return self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v), mask
 
 
+class PagedPrefixKv(PagedKv):
+    """Paged view on the symbol path: gathers only the blocks holding live positions.
+
+    ``attended_len`` is a per-pass host integer (as on ``SymbolOffsetKv``); the table is cut
+    to its first ceil(attended_len / block_size) entries and the mask to as many positions, so
+    a step reads what the sequence holds, not the whole padded table. The read still uses the
+    in-place write's result, so the write stays a data dependency.
+    """
+
+    def __init__(self, k_pool, v_pool, write_index, block_table, n_kv_heads: int, head_dim: int, attended_len) -> None:
+        super().__init__(k_pool, v_pool, write_index, block_table, n_kv_heads, head_dim)
+        block = k_pool.shape[1]
+        self.live_blocks = (attended_len + block - 1) // block  # int (a symbol under tracing)
+        self.live_width = self.live_blocks * block
+
+    def _write_and_gather(self, pool, x):
+        rows = x[0].transpose(0, 1)  # [T, Hkv, D]
+        flat = pool.view(-1, self.n_kv_heads, self.head_dim).index_copy_(0, self.write_index, rows)
+        live = self.block_table[0].narrow(0, 0, self.live_blocks)  # [live_blocks]
+        blocks = flat.view(pool.shape).index_select(0, live)  # [live_blocks, bs, Hkv, D]
+        return blocks.reshape(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [1, Hkv, live_width, D]
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+        keys, values = self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v)
+        return keys, values, mask.narrow(-1, 0, self.live_width)
+
+
 class LatentKv:
     """Latent (MLA) view: slot 0 the normalised KV latent [S, r], slot 1 the RoPE key [S, rope].
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, PASSES
+from fuelpipe.step import SYMBOLIC_KINDS
 
 BACKENDS = ("eager", "fx", "inductor")
 CACHE_POLICIES = ("cold", "warm")
@@ -106,5 +107,5 @@ def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepPro
     counter = CompileCounter()
     # Tensor-offset path: every shape is static. Symbol path: the two host integers
     # vary per token; dynamic=True compiles them (and the input shapes) as symbols once.
-    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind == "symbol")
+    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind in SYMBOLIC_KINDS)
     return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from fuelpipe.runner.job import run_job
 from fuelpipe.bench.context_scaling import ARM_SPECS, filled_cache
 from fuelpipe.context import InferenceContext
 
@@ -75,7 +76,14 @@ def test_cli_bench_context_runs_the_sized_arm_alone(tmp_path):
         ("experiment.context.arms=[]", "experiment.context.arms is empty"),
     ],
 )
-def test_cli_bench_context_refuses_bad_settings(tmp_path, override, reason):
-    proc = run_cli("experiment=bench_context", override, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+def test_bench_context_refuses_bad_settings(compose_cfg, override, reason):
+    doc = run_job(compose_cfg(["experiment=bench_context", override]))
+    assert doc["status"] == "config_error"
+    assert any(reason in r for r in doc["reasons"]), doc["reasons"]
+
+
+def test_cli_exits_2_on_a_bad_context_setting(tmp_path):
+    proc = run_cli("experiment=bench_context", "experiment.context.lengths=[100000]", f"hydra.run.dir={tmp_path}",
+                   cwd=tmp_path)
     assert proc.returncode == 2
-    assert reason in proc.stdout + proc.stderr
+    assert "beyond the model's max_position_embeddings" in proc.stdout

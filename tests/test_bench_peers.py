@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from fuelpipe.runner.job import run_job
 from fuelpipe.bench.peers import trace as trace_mod
 from fuelpipe.bench.peers.experiment import best_fuelpipe
 from fuelpipe.bench.peers.floor import Bandwidth, decode_floor, kv_bytes_read, weight_bytes_per_token
@@ -180,10 +181,16 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
          "experiment.peers.prompt_tokens + new_tokens = 5008 exceeds the model's max_position_embeddings"),
     ],
 )
-def test_cli_bench_peers_refuses_bad_settings_with_the_reason(tmp_path, override, reason):
-    proc = run_cli("experiment=bench_peers", *override.split(" "), f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+def test_bench_peers_refuses_bad_settings_with_the_reason(compose_cfg, override, reason):
+    doc = run_job(compose_cfg(["experiment=bench_peers", *override.split(" ")]))
+    assert doc["status"] == "config_error"
+    assert any(reason in r for r in doc["reasons"]), doc["reasons"]
+
+
+def test_cli_exits_2_on_a_bad_peers_setting(tmp_path):
+    proc = run_cli("experiment=bench_peers", "experiment.peers.reps=0", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2
-    assert reason in proc.stdout + proc.stderr
+    assert "experiment.peers.reps must be >= 1, got 0" in proc.stdout
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import run_cli
 from fuelpipe.runner.job import run_job
@@ -115,7 +114,7 @@ def test_missing_peer_is_reported_not_raised():
 
 
 def test_f32_twin_holds_the_dequantized_values_and_every_key(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    import gguf  # a core dependency (the GGUF reader's constants), never skipped
     from fuelpipe.bench.peers.f32_gguf import f32_gguf_path
 
     src = tmp_path / "tiny.Q4_1.gguf"
@@ -195,7 +194,7 @@ def test_cli_exits_2_on_a_bad_peers_setting(tmp_path):
 
 @pytest.mark.slow
 def test_real_smollm2_fuelpipe_matches_transformers_tokens(tmp_path):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the transformers peer is the test extra: pip install -e '.[test]'")
     proc = run_cli(
         "experiment=bench_peers", "experiment.peers.new_tokens=12", "experiment.peers.reps=1",
         "experiment.peers.backends=[fx]", "experiment.peers.plans=[plan_once]", "experiment.peers.kv_layouts=[contiguous]",

@@ -14,7 +14,6 @@ import functools
 from pathlib import Path
 
 import pytest
-import torch
 
 from family_helpers import FAULT_CASES, FAULTS, PROMPT, forced_tokens, max_err, run_decode
 from hf_helpers import build_pair, hf_config, hf_logits_growing, load_from_hf

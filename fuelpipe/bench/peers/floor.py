@@ -58,18 +58,12 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
 
     A tied head reads the embedding table in full (as the head), so it is counted once.
     """
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
+    unique = {id(p): p for p in model.parameters()}.values()
+    total = sum(p.numel() * p.element_size() for p in unique)
+    emb = model.embed_tokens.weight  # [vocab, hidden]: every family names its table so
     head = getattr(model, "lm_head", None)
-    emb_w = getattr(embed, "weight", None) if embed is not None else getattr(getattr(model, "embed_tokens", None), "weight", None)
-    if emb_w is not None and (head is None or head.weight is not emb_w):
-        total -= emb_w.numel() * emb_w.element_size() - emb_w.shape[1] * emb_w.element_size()  # one row read
+    if head is None or head.weight is not emb:
+        total -= (emb.shape[0] - 1) * emb.shape[1] * emb.element_size()  # only the looked-up row is read
     return total
 
 

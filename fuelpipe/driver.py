@@ -25,6 +25,7 @@ from fuelpipe.plan.backends import BackendSpec, build_program
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
+from fuelpipe.plan.weights_identity import WeightsIdentity, pin_weights, weights_identity
 from fuelpipe.step import step_module_for
 
 
@@ -43,6 +44,7 @@ class PlanMode(enum.Enum):
 
 
 PagedDecodePlan = PlanMode
+IGNORED_WEIGHTS = WeightsIdentity((), (), (), ())  # what the IGNORE_MODEL_IDENTITY fault keys on
 
 
 @dataclass
@@ -76,7 +78,7 @@ def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NON
         n_layers=cache.n_layers,
         cache_dtype=cache.dtype,
         shape_key=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.shape_key(),
-        weights_version=(0, 0) if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.weights_version(),
+        weights=IGNORED_WEIGHTS if fault is Fault.IGNORE_MODEL_IDENTITY else weights_identity(backbone),
         alloc_id=None if fault is Fault.IGNORE_ALLOCATION else cache.alloc_id,  # type: ignore[arg-type]
     )
 
@@ -94,7 +96,8 @@ def build_session(
     if fault is Fault.NAIVE_DCE:
         passes = tuple("naive_eliminate_dead_code" if p == "eliminate_dead_code_keeping_writes" else p for p in passes)
         spec = BackendSpec(spec.name, passes, spec.cache_policy)
-    program = build_program(spec, step_module_for(backbone, step_kind), step_kind)
+    step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
+    program = build_program(spec, step, step_kind)
     device = cache.bound_tensors()[0].device
     buffers = StepBuffers(host, cache.dtype, device)
     return DecodeSession(
@@ -105,6 +108,7 @@ def build_session(
         buffers,
         step_kind,
         stale_offset=fault is Fault.STALE_OFFSET,
+        weights_pin=pin_weights(backbone),
     )
 
 

@@ -8,6 +8,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.driver import live_key
 from fuelpipe.faults import Fault
 from fuelpipe.plan.validity import PlanValidity
+from fuelpipe.plan.weights_identity import weights_identity
 from fuelpipe.rope import RopePlan, RopeScaling, RopeSpec
 from models.llama import LlamaModel
 from models.registry import build_config, build_random_model
@@ -129,20 +130,20 @@ def test_replacing_a_weight_by_assignment_invalidates_the_plan():
     assert (torch.stack(got) - ref_rows(model, fed_sequence(PROMPT, got), len(PROMPT))).abs().max() <= 1e-5
 
 
-def test_weights_version_never_repeats_after_assign_reload():
+def test_weights_identity_never_repeats_after_assign_reload():
     """Fresh tensors restart their version counters at 0, so a plain sum of counters can come back to
-    a value a held plan was keyed on; the (epoch, sum) pair cannot."""
+    a value a held plan was keyed on; the identity of the tensors themselves cannot."""
     model = build_random_model("llama", "tiny", seed=9)
     ctx = InferenceContext(model, "fx")
     cache = ctx.new_cache(32)
     decode_logits(ctx, cache, PROMPT, 2)
-    held_sum = ctx.plan.session.key.weights_version[1]
+    held_sum = sum(ctx.plan.session.key.weights.versions)
     state = {k: v.clone() * 1.1 for k, v in model.state_dict().items()}  # other numbers, fresh tensors
     model.load_state_dict(state, assign=True)
     with torch.no_grad():
-        for _ in range(held_sum - model.weights_version()[1]):
+        for _ in range(held_sum - sum(weights_identity(model).versions)):
             model.norm.weight.add_(0.0)  # walk the counter sum back to the held value
-    assert model.weights_version()[1] == held_sum
+    assert sum(weights_identity(model).versions) == held_sum
     assert ctx.plan.session.validity_for(live_key(model, cache, 1)) is PlanValidity.STALE
     cache.reset()
     got = decode_logits(ctx, cache, PROMPT, 3)

@@ -1,83 +1,146 @@
-"""What the plan key reuses, rebinds and rebuilds, checked end to end on plan_once.
+"""What the plan key reuses, rebinds and rebuilds, checked end to end on plan_once: both halves.
 
+Must NOT rebuild (invalidating too readily throws the speedup away):
 * a matching key is reused (Valid, no build, realize_count advances);
 * a new cache allocation is AllocationChanged and is rebound, not rebuilt,
-  and its logits equal a solo run bit-exactly;
-* a different model instance of the same config (other weights) is Stale and
-  rebuilt, and its logits equal that model's solo run bit-exactly.
+  and its logits equal a solo run bit-exactly.
 
-The negative control injects IGNORE_MODEL_IDENTITY (the key drops the model
-identity), so the held plan serves the other model with the first one's
-weights.
+Must rebuild (reusing too readily serves a wrong answer at full speed), and the
+rebuilt plan's logits must equal a fresh context's on the changed model:
+* a different model instance of the same config (other weights);
+* deep-copy twins: two ``copy.deepcopy`` copies of one model, the second
+  reloaded with other values, the first's plan asked to serve the second;
+* each of ``weight_mutations.MUTATIONS`` on a held plan's own model:
+  ``copy_``, ``.data =``, a replaced submodule, ``load_state_dict``.
+Mutations run on private deep copies; the model under test is never changed.
+
+The negative control injects IGNORE_MODEL_IDENTITY (the key drops the model's
+structure and weight identity), so a held plan serves changed or other weights.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare
+from fuelpipe.oracles.weight_mutations import MUTATIONS, scaled_state
 from fuelpipe.plan.validity import PlanValidity
 from fuelpipe.sampling import greedy
 
 
-def _solo(inp: OracleInput, model, decode_tokens: list[int]):
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    seen: str
+    error: float = 0.0
+
+
+def _solo(inp: OracleInput, model, decode_tokens: list[int]) -> list[torch.Tensor]:
     """Logits rows of a fresh context: the prefill's, then one per decoded token."""
     ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE)
     cache = inp.cache(ctx)
     return [ctx.prefill(cache, list(inp.prompts[0]))[0]] + [ctx.decode(cache, t)[0] for t in decode_tokens]
 
 
-def run(inp: OracleInput) -> OracleResult:
-    prompt = list(inp.prompts[0])
+def _reuse_and_rebind(inp: OracleInput, prompt: list[int]) -> list[Check]:
     ctx = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
     stats = ctx.plan.stats
-    checks: list[tuple[str, bool, str]] = []
-
     first = inp.cache(ctx)
     t0 = greedy(ctx.prefill(first, prompt))
     t1 = greedy(ctx.decode(first, t0))  # builds the held plan
     ctx.decode(first, t1)
-    checks.append((
+    checks = [Check(
         "matching key reused",
         stats.last_validity is PlanValidity.VALID and stats.builds == 1 and ctx.plan.session.realize_count == 1,
         f"validity={_v(stats.last_validity)} builds={stats.builds} realize_count={ctx.plan.session.realize_count}",
-    ))
-
+    )]
     second = inp.cache(ctx)
     got = [ctx.prefill(second, prompt)[0], ctx.decode(second, t0)[0]]
-    checks.append((
+    checks.append(Check(
         "new allocation rebound, not rebuilt",
         stats.last_validity is PlanValidity.ALLOCATION_CHANGED and stats.builds == 1 and stats.rebinds == 1,
         f"validity={_v(stats.last_validity)} builds={stats.builds} rebinds={stats.rebinds}",
     ))
-    worst_alloc, first_alloc = compare(_solo(inp, inp.model, [t0]), got)
-    checks.append(("rebound logits equal a solo run", first_alloc is None, f"max abs {worst_alloc:g}"))
+    worst, first_bad = compare(_solo(inp, inp.model, [t0]), got)
+    checks.append(Check("rebound logits equal a solo run", first_bad is None, f"max abs {worst:g}", worst))
+    return checks
 
-    other = inp.other_model()
-    other_ctx = inp.setup.context(other, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+
+def _served_by_held_plan(inp: OracleInput, held_model, other_model, prompt: list[int], name: str) -> list[Check]:
+    """A plan built on ``held_model`` is asked to serve ``other_model``: stale, rebuilt, other's own answer."""
+    ctx = inp.setup.context(held_model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    cache = inp.cache(ctx)
+    t0 = greedy(ctx.prefill(cache, prompt))
+    ctx.decode(cache, t0)  # builds the held plan
+    other_ctx = inp.setup.context(other_model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
     other_ctx.plan = ctx.plan  # the held plan now meets a model it was not built for
+    stats = ctx.plan.stats
     third = inp.cache(other_ctx)
-    o0 = greedy(other_ctx.prefill(third, prompt))
-    got = [other_ctx.decode(third, o0)[0]]
-    checks.append((
-        "other model instance is stale and rebuilt",
-        stats.last_validity is PlanValidity.STALE and stats.builds == 2,
-        f"validity={_v(stats.last_validity)} builds={stats.builds}",
-    ))
-    worst_model, first_model = compare(_solo(inp, other, [o0])[1:], got)
-    checks.append(("other model's logits equal its solo run", first_model is None, f"max abs {worst_model:g}"))
+    got = [other_ctx.prefill(third, prompt)[0], other_ctx.decode(third, t0)[0]]
+    worst, first_bad = compare(_solo(inp, other_model, [t0]), got)
+    return [
+        Check(f"{name}: stale and rebuilt", stats.last_validity is PlanValidity.STALE and stats.builds == 2,
+              f"validity={_v(stats.last_validity)} builds={stats.builds}"),
+        Check(f"{name}: logits equal its solo run", first_bad is None, f"max abs {worst:g}", worst),
+    ]
 
-    failed = [f"{name} ({seen})" for name, ok, seen in checks if not ok]
+
+def _mutated_under_plan(inp: OracleInput, name: str, prompt: list[int]) -> list[Check]:
+    model = copy.deepcopy(inp.model)  # private: the model under test is never changed
+    ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    stats = ctx.plan.stats
+    first = inp.cache(ctx)
+    t0 = greedy(ctx.prefill(first, prompt))
+    before = ctx.decode(first, t0)[0]  # builds the held plan
+    what = MUTATIONS[name](model)
+    second = inp.cache(ctx)
+    ctx.prefill(second, prompt)
+    got = ctx.decode(second, t0)[0]
+    want = _solo(inp, model, [t0])[1]
+    worst, first_bad = compare([want], [got])
+    return [
+        Check(f"{name}: the mutation changes the logits", not torch.equal(before, want),
+              f"{what}; max abs change {float((before - want).abs().max()):g}"),
+        Check(f"{name}: stale and rebuilt", stats.last_validity is PlanValidity.STALE and stats.builds == 2,
+              f"validity={_v(stats.last_validity)} builds={stats.builds}"),
+        Check(f"{name}: logits equal a fresh plan's", first_bad is None, f"max abs {worst:g}", worst),
+    ]
+
+
+def _deepcopy_twins(inp: OracleInput) -> tuple:
+    """Two deep copies of the model; the second reloaded with other values (equal version counts)."""
+    a, b = copy.deepcopy(inp.model), copy.deepcopy(inp.model)
+    a.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
+    b.load_state_dict(scaled_state(b))
+    return a, b
+
+
+def run(inp: OracleInput) -> OracleResult:
+    prompt = list(inp.prompts[0])
+    checks = _reuse_and_rebind(inp, prompt)
+    checks += _served_by_held_plan(inp, inp.model, inp.other_model(), prompt, "other model instance")
+    checks += _served_by_held_plan(inp, *_deepcopy_twins(inp), prompt, "deep-copy twin")
+    for name in MUTATIONS:
+        checks += _mutated_under_plan(inp, name, prompt)
+    failed = [f"{c.name} ({c.seen})" for c in checks if not c.ok]
     return OracleResult(
         name="key_sensitivity",
         passed=not failed,
         metric={
             "checks": len(checks),
             "failed_checks": len(failed),
-            "max_abs_error": max(worst_alloc, worst_model),
+            "max_abs_error": max(c.error for c in checks),
+            "mutations": list(MUTATIONS),
         },
         tolerance=None,
-        detail="failed: " + "; ".join(failed) if failed else "; ".join(f"{n}: {s}" for n, _, s in checks),
+        detail="failed: " + "; ".join(failed) if failed else "; ".join(f"{c.name}: {c.seen}" for c in checks),
     )
 
 
-def _v(validity) -> str:
+def _v(validity: Optional[PlanValidity]) -> str:
     return "none" if validity is None else validity.value

@@ -12,6 +12,7 @@ from fuelpipe.errors import PlanError
 from fuelpipe.plan.backends import StepProgram
 from fuelpipe.step import step_args
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
+from fuelpipe.plan.weights_identity import WeightsPin
 from fuelpipe.plan.validity import (
     KvRebindSource,
     PlanKey,
@@ -43,6 +44,7 @@ class DecodeSession:
         step_kind: str,
         *,
         stale_offset: bool = False,
+        weights_pin: Optional[WeightsPin] = None,
     ) -> None:
         self.program = program
         self._key = key
@@ -54,6 +56,9 @@ class DecodeSession:
         self.build_s = program.trace_s
         self._stale_offset = stale_offset
         self._stale_ints: Optional[tuple[int, int]] = None
+        # Everything the key's weight identity names stays alive while the plan is held,
+        # so no id or storage address it compares on can be recycled by a newcomer.
+        self._weights_pin = weights_pin
 
     # ---- validity -------------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ import torch
 
 from fuelpipe.errors import PlanError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.plan.weights_identity import WeightsIdentity
 
 
 class PlanValidity(enum.Enum):
@@ -31,16 +32,18 @@ class PlanKey:
 
     ``geometry`` holds strategy-specific shape fields (for a contiguous cache:
     seq and max_seq_len; for a paged pool: max_blocks_cap and block_size).
-    ``weights_version`` moves when a weight tensor is modified in place, so a
-    plan holding derived copies of weights (fused projections) cannot serve
-    stale numbers.
+    ``weights`` is read from the model's tensors themselves (objects, storages,
+    version counters: ``fuelpipe.plan.weights_identity``), so a deep copy, a
+    ``.data =`` swap, a replaced submodule or an in-place write all make the
+    key differ, and a plan holding derived copies of weights (fused or split
+    projections) never serves stale numbers.
     """
 
     geometry: tuple[tuple[str, int], ...]
     n_layers: int
     cache_dtype: torch.dtype
     shape_key: int
-    weights_version: tuple[int, int]
+    weights: WeightsIdentity
     alloc_id: KvAllocId
 
     def compare(self, live: "PlanKey") -> PlanValidity:
@@ -49,7 +52,7 @@ class PlanKey:
             and self.n_layers == live.n_layers
             and self.cache_dtype == live.cache_dtype
             and self.shape_key == live.shape_key
-            and self.weights_version == live.weights_version
+            and self.weights == live.weights
         )
         if not structural:
             return PlanValidity.STALE
@@ -60,10 +63,12 @@ class PlanKey:
     def differences(self, live: "PlanKey") -> list[str]:
         """Human-readable list of differing fields (for logs and oracle details)."""
         out = []
-        for name in ("geometry", "n_layers", "cache_dtype", "shape_key", "weights_version", "alloc_id"):
+        for name in ("geometry", "n_layers", "cache_dtype", "shape_key", "alloc_id"):
             a, b = getattr(self, name), getattr(live, name)
             if a != b:
                 out.append(f"{name}: held={a} live={b}")
+        if self.weights != live.weights:
+            out += [f"weights: {change}" for change in self.weights.changes(live.weights)]
         return out
 
 

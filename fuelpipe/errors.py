@@ -40,3 +40,7 @@ class StalePlanError(PlanError):
 
 class InputError(FuelpipeError, ValueError):
     """Bad user input (token ids, lengths, prompts)."""
+
+
+class NonFiniteLogitsError(FuelpipeError, ArithmeticError):
+    """A step produced NaN or Inf logits; no token is sampled from them."""

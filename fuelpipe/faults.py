@@ -15,3 +15,4 @@ class Fault(enum.Enum):
     IGNORE_ALLOCATION = "ignore_allocation"  # validity ignores alloc_id (reuse across requests)
     REBUILD_EVERY_TOKEN = "rebuild_every_token"  # plan_once silently rebuilds (over-keying)
     NAIVE_DCE = "naive_dce"  # fx pass drops in-place KV writes as dead code
+    UNSAFE_MASKED_SLOTS = "unsafe_masked_slots"  # masked KV slots reach attention as they are (NaN x 0 = NaN)

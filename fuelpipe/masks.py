@@ -60,8 +60,10 @@ def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> tor
 def mask_variants(plan: MaskPlan, start: int, seq: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive masks [n_variants, 1, 1, seq, width] for queries at ``start .. start+seq``.
 
-    Key positions ``0 .. width`` beyond the live prefix are always masked, so a
-    zero-filled (or garbage-filled) tail of the cache never contributes.
+    Key positions ``0 .. width`` beyond the live prefix are always masked. A
+    masked slot's score is -inf, but that alone does not make a garbage-filled
+    slot harmless: its value row still meets softmax's exact 0, and 0 x NaN is
+    NaN. Attention therefore also passes K/V through ``without_masked_slots``.
     """
     q_pos = torch.arange(start, start + seq)
     k_pos = torch.arange(width)
@@ -69,3 +71,25 @@ def mask_variants(plan: MaskPlan, start: int, seq: int, width: int, dtype: torch
     ok = torch.stack(rows)[:, None, None]  # [V, 1, 1, seq, width]
     out = torch.zeros(ok.shape, dtype=dtype)
     return out.masked_fill_(~ok, float("-inf"))
+
+
+def live_slots(mask: torch.Tensor) -> torch.Tensor:
+    """Bool [.., 1, S] from an additive mask [.., T, S]: slots at least one query of the step may attend."""
+    return (mask != float("-inf")).any(dim=-2, keepdim=True)
+
+
+def without_masked_slots(x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
+    """``x`` with every slot no query may attend set to exactly 0, whatever it held (NaN, Inf, a stale row).
+
+    x: K or V [1, Hkv, S, D] (slot_dim=2) or a latent slot [S, r] (slot_dim=0); mask: [1, 1, T, S] additive.
+    A recycled paged block, a reused cache, the null block and batch padding all reach attention
+    as masked slots; with them zeroed, masked means contributes nothing, NaN included.
+    """
+    live = live_slots(mask)  # [1, 1, 1, S]
+    if slot_dim == 2:
+        live = live.transpose(-1, -2)  # [1, 1, S, 1] against [1, Hkv, S, D]
+    elif slot_dim == 0:
+        live = live.reshape(-1, 1)  # [S, 1] against [S, r]
+    else:
+        raise ValueError(f"without_masked_slots: slot_dim must be 0 or 2, got {slot_dim}")
+    return torch.where(live, x, 0.0)

@@ -5,13 +5,26 @@ from typing import Callable
 
 import torch
 
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import ConfigError, NonFiniteLogitsError
 
 Sampler = Callable[[torch.Tensor], int]
 
 
+def check_finite(row: torch.Tensor) -> None:
+    """Refuse a logits row [vocab] holding NaN or Inf: argmax of NaNs is a token id, not an answer."""
+    finite = torch.isfinite(row)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().flatten()
+        first = int(bad[0])
+        raise NonFiniteLogitsError(
+            f"logits row holds {bad.numel()} non-finite values of {row.numel()} (first: id {first} = "
+            f"{float(row[first])}); refusing to sample a token from it"
+        )
+
+
 def greedy(logits: torch.Tensor) -> int:
-    """logits: [1, vocab] -> argmax id."""
+    """logits: [1, vocab] -> argmax id (a non-finite row raises NonFiniteLogitsError)."""
+    check_finite(logits[0])
     return int(torch.argmax(logits[0]))
 
 
@@ -23,6 +36,7 @@ def seeded(temperature: float = 1.0, top_k: int = 0, seed: int = 0) -> Sampler:
     gen = torch.Generator().manual_seed(seed)
 
     def sample(logits: torch.Tensor) -> int:
+        check_finite(logits[0])
         row = logits[0].float().cpu() / temperature
         if top_k:
             kth = torch.topk(row, min(top_k, row.numel())).values[-1]

@@ -50,39 +50,42 @@ def run_step(
     return logits[:, 0, :].float()
 
 
-class TensorOffsetStep(nn.Module):
-    """Step program signature for the device-offset path (offset is a tensor input)."""
+class _Step(nn.Module):
+    """What every step signature shares: the backbone, and how its KV views treat masked slots."""
 
-    def __init__(self, backbone: DecodeBackbone) -> None:
+    def __init__(self, backbone: DecodeBackbone, *, keep_masked_garbage: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
+        self.keep_masked_garbage = keep_masked_garbage  # True only under the UNSAFE_MASKED_SLOTS fault
 
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
-        views = [TensorOffsetKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
+    def _run(self, token_ids, rope_cos, rope_sin, mask, views: list) -> torch.Tensor:
+        if self.keep_masked_garbage:
+            for view in views:
+                view.keep_masked_garbage = True
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 
 
-class SymbolOffsetStep(nn.Module):
-    """Step program signature for the symbol path (offsets are per-pass host integers)."""
+class TensorOffsetStep(_Step):
+    """Step program signature for the device-offset path (offset is a tensor input)."""
 
-    def __init__(self, backbone: DecodeBackbone) -> None:
-        super().__init__()
-        self.backbone = backbone
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
+        views = [TensorOffsetKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+
+
+class SymbolOffsetStep(_Step):
+    """Step program signature for the symbol path (offsets are per-pass host integers)."""
 
     def forward(self, token_ids, rope_cos, rope_sin, mask, cached_len: int, attended_len: int, kv):
         views = [
             SymbolOffsetKv(kv[2 * i], kv[2 * i + 1], cached_len, attended_len)
             for i in range(self.backbone.dims.n_layers)
         ]
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
-class PagedStep(nn.Module):
+class PagedStep(_Step):
     """Step program signature for a paged pool: flattened write offsets plus the padded block table."""
-
-    def __init__(self, backbone: DecodeBackbone) -> None:
-        super().__init__()
-        self.backbone = backbone
 
     def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, kv):
         d = self.backbone.dims
@@ -90,15 +93,11 @@ class PagedStep(nn.Module):
             PagedKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim)
             for i in range(d.n_layers)
         ]
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
-class PagedPrefixStep(nn.Module):
+class PagedPrefixStep(_Step):
     """Paged pool on the symbol path: also takes the live length, and attends only the live blocks."""
-
-    def __init__(self, backbone: DecodeBackbone) -> None:
-        super().__init__()
-        self.backbone = backbone
 
     def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, attended_len: int, kv):
         d = self.backbone.dims
@@ -106,19 +105,15 @@ class PagedPrefixStep(nn.Module):
             PagedPrefixKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim, attended_len)
             for i in range(d.n_layers)
         ]
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
-class LatentStep(nn.Module):
+class LatentStep(_Step):
     """Step program signature for a latent (MLA) cache: tensor write offsets, two slots per layer."""
-
-    def __init__(self, backbone: DecodeBackbone) -> None:
-        super().__init__()
-        self.backbone = backbone
 
     def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
         views = [LatentKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
 STEP_KINDS = {
@@ -132,8 +127,8 @@ STEP_KINDS = {
 SYMBOLIC_KINDS = ("symbol", "paged_symbol")
 
 
-def step_module_for(backbone: DecodeBackbone, step_kind: str) -> nn.Module:
-    return STEP_KINDS[step_kind](backbone)
+def step_module_for(backbone: DecodeBackbone, step_kind: str, *, keep_masked_garbage: bool = False) -> nn.Module:
+    return STEP_KINDS[step_kind](backbone, keep_masked_garbage=keep_masked_garbage)
 
 
 def step_args(step_kind: str, buffers, host, kv: list) -> tuple:

@@ -9,13 +9,29 @@ Two ways of carrying the write offset (both stay alive, see README):
   are host integers bound per pass. The write lands at ``cached_len`` and
   attention reads only the live prefix ``[0, attended_len)``. Both bindings
   are load-bearing here; binding either wrong changes the logits.
+
+Every view returns only attendable data: a slot that no query of the step may
+attend is returned as exactly 0 (``without_masked_slots``), whatever the
+buffer holds there (a recycled block's NaN, a reused cache's old rows, the
+null block). ``keep_masked_garbage`` exists only for the negative control.
 """
 from __future__ import annotations
 
 import torch
 
+from fuelpipe.masks import without_masked_slots
 
-class TensorOffsetKv:
+
+class _Visible:
+    """Mixin: the masked-slot cleaning every view applies to what it returns."""
+
+    keep_masked_garbage = False  # set per instance only by the UNSAFE_MASKED_SLOTS fault
+
+    def _visible(self, x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
+        return x if self.keep_masked_garbage else without_masked_slots(x, mask, slot_dim)
+
+
+class TensorOffsetKv(_Visible):
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, write_index: torch.Tensor) -> None:
         self.k_buf = k_buf  # [1, Hkv, S, D]
         self.v_buf = v_buf  # [1, Hkv, S, D]
@@ -29,10 +45,10 @@ class TensorOffsetKv:
         """
         keys = self.k_buf.index_copy_(2, self.write_index, k)
         values = self.v_buf.index_copy_(2, self.write_index, v)
-        return keys, values, mask
+        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
 
-class SymbolOffsetKv:
+class SymbolOffsetKv(_Visible):
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, cached_len, attended_len) -> None:
         self.k_buf = k_buf
         self.v_buf = v_buf
@@ -45,10 +61,11 @@ class SymbolOffsetKv:
         self.v_buf.narrow(2, self.cached_len, t).copy_(v)
         keys = self.k_buf.narrow(2, 0, self.attended_len)
         values = self.v_buf.narrow(2, 0, self.attended_len)
-        return keys, values, mask.narrow(-1, 0, self.attended_len)
+        mask = mask.narrow(-1, 0, self.attended_len)
+        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
 
-class PagedKv:
+class PagedKv(_Visible):
     """Paged pool view: write at flattened offsets, read the sequence's blocks through its table.
 
     k_pool, v_pool: [NB, bs, Hkv, D]; write_index [T] = physical_block * bs + slot;
@@ -67,7 +84,8 @@ class PagedKv:
         return blocks.reshape(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [1, Hkv, cap*bs, D]
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
-        return self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v), mask
+        keys, values = self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v)
+        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
 
 class PagedPrefixKv(PagedKv):
@@ -94,10 +112,11 @@ class PagedPrefixKv(PagedKv):
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         keys, values = self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v)
-        return keys, values, mask.narrow(-1, 0, self.live_width)
+        mask = mask.narrow(-1, 0, self.live_width)
+        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
 
-class LatentKv:
+class LatentKv(_Visible):
     """Latent (MLA) view: slot 0 the normalised KV latent [S, r], slot 1 the RoPE key [S, rope].
 
     Offsets ride the tensor path; the read is the in-place write's result (DCE-safe).
@@ -112,4 +131,4 @@ class LatentKv:
         """latent [T, r], rope_key [T, rope] -> (all latents [S, r], all rope keys [S, rope], mask)."""
         latents = self.latent_buf.index_copy_(0, self.write_index, latent)
         rope_keys = self.rope_key_buf.index_copy_(0, self.write_index, rope_key)
-        return latents, rope_keys, mask
+        return self._visible(latents, mask, 0), self._visible(rope_keys, mask, 0), mask

@@ -115,6 +115,7 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         "plan_accounting": OracleConfig(),
         "key_sensitivity": OracleConfig(),
         "request_isolation": OracleConfig(),
+        "kv_sharing": OracleConfig(),
     }
 
 

@@ -16,7 +16,14 @@ from typing import Callable, Mapping
 from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
-from fuelpipe.oracles import key_sensitivity, plan_accounting, plan_vs_replan, request_isolation, vs_reference
+from fuelpipe.oracles import (
+    key_sensitivity,
+    kv_sharing,
+    plan_accounting,
+    plan_vs_replan,
+    request_isolation,
+    vs_reference,
+)
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from models.registry import did_you_mean
 
@@ -65,6 +72,7 @@ _SPECS = (
         "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
         _plan_once,
     ),
+    OracleSpec("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

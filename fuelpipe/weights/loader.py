@@ -27,6 +27,7 @@ from fuelpipe.weights import dequant
 from fuelpipe.weights.architectures import (
     Architecture, GgufConfigReader, HfConfigReader, TensorRule, by_gguf_arch, by_hf_architecture,
 )
+from fuelpipe.weights.finite import check_finite
 from fuelpipe.weights.errors import (
     CheckpointConfigError, CheckpointFormatError, MissingTensorError, PickleRefusedError, TensorShapeError,
     UnexpectedTensorError, UnknownArchitectureError, UnsupportedFormatError, UnsupportedQuantError, WeightsError,
@@ -262,14 +263,19 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     t0 = time.perf_counter()
     tensors: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}
+    checked = 0.0
     for p in plan:
         info = f.tensors[p.source]
         w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
+        t1 = time.perf_counter()
+        check_finite(path, p.source, w)  # as stored (dequantized), before any transform moves the values
+        checked += time.perf_counter() - t1
         if p.transform is not None:
             w = p.transform(w, config)
         _put(path, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
-    report_times["weights"] = time.perf_counter() - t0
+    report_times["weights"] = time.perf_counter() - t0 - checked
+    report_times["finite_check"] = checked
     types = Counter(f.tensors[p.source].type_name for p in plan)
     return model, config, arch_name, dict(types), f
 
@@ -366,6 +372,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     tensors: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}
     types: Counter = Counter()
+    checked = 0.0
     for p in plan:
         file, h = owner[p.source]
         try:
@@ -373,9 +380,13 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         except SafetensorError as e:
             raise CheckpointFormatError(file, f"tensor {p.source!r} cannot be read: {e}") from None
         types[str(w.dtype).removeprefix("torch.")] += 1
+        t1 = time.perf_counter()
+        check_finite(file, p.source, w)
+        checked += time.perf_counter() - t1
         _put(file, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
-    report_times["weights"] = time.perf_counter() - t0
+    report_times["weights"] = time.perf_counter() - t0 - checked
+    report_times["finite_check"] = checked
     return model, config, names[0], dict(types)
 
 

@@ -144,6 +144,10 @@ class ContiguousKvCache:
             raise KvCapacityError(f"truncate_to: new_len must be >= 0, got {new_len}")
         self.cached_len = min(self.cached_len, new_len)
 
+    def reserve(self, end: int) -> None:
+        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
+        self.check_room(0, end)
+
     def advance(self, n: int) -> None:
         """Record that ``n`` more positions were written by a step."""
         self.check_room(self.cached_len, n)

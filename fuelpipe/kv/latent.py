@@ -108,6 +108,10 @@ class LatentKvCache:
                 f"LatentKvCache: positions [{start}, {start + n}) exceed max_seq_len {self.max_seq_len}"
             )
 
+    def reserve(self, end: int) -> None:
+        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
+        self.check_room(0, end)
+
     def advance(self, n: int) -> None:
         self.check_room(self.cached_len, n)
         self.cached_len += n

@@ -147,6 +147,17 @@ class PagedSequence:
                 self._table[0, len(self.blocks)] = b
                 self.blocks.append(b)
 
+    def reserve(self, end: int) -> None:
+        """Own every block positions [0, end) will need, now: all of them or, raising, none.
+
+        ``generate`` reserves its whole need before the prefill, so a request either fits the pool
+        up front or is refused with the sequence and the pool untouched (``KvCapacityError`` past
+        the block table, ``KvOutOfBlocksError`` when the pool is short), and no other sequence
+        sharing the pool can take those blocks mid-run. Reserved blocks stay with the sequence
+        until ``free``.
+        """
+        self.check_room(0, end)
+
     def write_index(self, start: int, n: int) -> torch.Tensor:
         """Flattened write offsets physical_block * block_size + slot, [n] int64."""
         bs = self.pool.block_size

@@ -23,6 +23,7 @@ from fuelpipe.faults import Fault
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
+from fuelpipe.kv.sizes import check_size
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
@@ -119,6 +120,7 @@ class InferenceContext:
 
     def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
         d = self.model.dims
+        max_seq_len = check_size("new_cache", "max_seq_len", max_seq_len)
         if max_seq_len > d.max_position_embeddings:
             raise ConfigError(
                 f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"

@@ -3,8 +3,15 @@
 Exit codes (the CI gate):
   0  every oracle passed (a sweep: every job that ran passed)
   1  an oracle failed (a sweep: in any job)
-  2  configuration error: a misspelled group option or key, an invalid
-     combination (single run), or a sweep in which every job was skipped
+  2  configuration error, found before anything runs: a misspelled group
+     option or key, an invalid combination, a checkpoint that cannot be
+     loaded (truncated, a pickle, no or an invalid config.json, non-finite
+     weights), a generation request that cannot fit (an empty prompt, more
+     positions than max_position_embeddings, kv.max_seq_len or kv.num_blocks
+     hold); in a sweep such jobs are skipped and 2 means every job was
+  3  internal error: fuelpipe itself crashed (a bug, not the input); the
+     traceback is printed and recorded in results.json (status "error").
+     A sweep exits 1 when any job failed, else 3 when any job crashed.
 """
 from __future__ import annotations
 
@@ -21,7 +28,9 @@ from fuelpipe import report
 from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
 from fuelpipe.errors import ConfigError
-from fuelpipe.results import EXIT_CODES, FAILED, RESULTS_FILE, SKIPPED, read_results, write_results
+from fuelpipe.results import (
+    ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, RESULTS_FILE, SKIPPED, read_results, write_results,
+)
 from fuelpipe.runner.job import run_job
 from fuelpipe.runner.table import render
 
@@ -57,7 +66,13 @@ def run(argv: list[str]) -> int:
         _hydra_main(argv)  # --help, --cfg job, --info ...: Hydra answers, nothing runs
         return 0
     key = "hydra.sweep.dir" if pre.multirun else "hydra.run.dir"
-    _hydra_main(argv + [f"{key}={_quoted(pre.output_dir)}"])  # pinned: the run writes where we will read
+    try:
+        _hydra_main(argv + [f"{key}={_quoted(pre.output_dir)}"])  # pinned: the run writes where we will read
+    except SystemExit as exit_:  # Hydra reports an exception escaping the task (printed above) with exit 1
+        if exit_.code not in (None, 0):
+            print(f"fuelpipe: internal error: the run stopped with exit {exit_.code} (see the error above)",
+                  file=sys.stderr)
+            return INTERNAL_ERROR_EXIT
     out = Path(pre.output_dir)
     return _sweep_exit(out) if pre.multirun else _single_exit(out)
 
@@ -86,22 +101,25 @@ def _hydra_main(argv: list[str]) -> None:
 def _single_exit(out: Path) -> int:
     path = out / RESULTS_FILE
     if not path.is_file():
-        print(f"fuelpipe: the run wrote no {path}", file=sys.stderr)
-        return 1
-    return EXIT_CODES.get(read_results(path)["status"], 1)
+        print(f"fuelpipe: internal error: the run wrote no {path}", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
+    return EXIT_CODES.get(read_results(path)["status"], INTERNAL_ERROR_EXIT)
 
 
 def _sweep_exit(out: Path) -> int:
     rows = report.collect_rows(out)
     if not rows:
-        print(f"fuelpipe: the sweep wrote no {RESULTS_FILE} under {out}", file=sys.stderr)
-        return 1
+        print(f"fuelpipe: internal error: the sweep wrote no {RESULTS_FILE} under {out}", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
     print(report.markdown(rows))
     statuses = [row["status"] for row in rows]
     print(f"sweep: {len(rows)} jobs, " + ", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))))
     print(f"report: fuelpipe report {out}")
     if FAILED in statuses:
-        return 1
+        return EXIT_CODES[FAILED]
+    if ERROR in statuses:
+        print(f"fuelpipe: {statuses.count(ERROR)} job(s) of the sweep crashed (status error)", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
     if all(s == SKIPPED for s in statuses):
         print("fuelpipe: every job of the sweep was skipped", file=sys.stderr)
         return CONFIG_EXIT

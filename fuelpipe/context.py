@@ -8,6 +8,7 @@ rebinding after a guarded check or rebuilding when the check refuses.
 """
 from __future__ import annotations
 
+import numbers
 import operator
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from fuelpipe.faults import Fault
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
+from fuelpipe.kv.sizes import check_size
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
@@ -118,6 +120,7 @@ class InferenceContext:
 
     def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
         d = self.model.dims
+        max_seq_len = check_size("new_cache", "max_seq_len", max_seq_len)
         if max_seq_len > d.max_position_embeddings:
             raise ConfigError(
                 f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
@@ -217,20 +220,52 @@ class InferenceContext:
         on_token: Optional[Callable[[int], None]] = None,
         keep_logits: bool = False,
     ) -> GenerationResult:
-        prompt = list(prompt_ids)
+        """Prefill ``prompt_ids``, then sample up to ``max_new_tokens`` tokens.
+
+        Everything is checked before anything runs: the arguments, the positions against the
+        model's ``max_position_embeddings`` and the cache's capacity, and the cache's whole need is
+        reserved (a paged sequence takes every block it will write now, or raises with the
+        sequence and its pool untouched).
+        """
+        prompt = _as_id_list(prompt_ids, "generate: prompt_ids")
         if not prompt:
             raise InputError("generate: the prompt must hold at least one token")
-        if max_new_tokens < 0:
-            raise InputError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        vocab = self.model.dims.vocab_size
+        bad = sorted({t for t in prompt if not 0 <= t < vocab})
+        if bad:
+            raise InputError(f"generate: prompt token ids must lie in [0, {vocab}), got {bad[:8]}")
+        max_new_tokens = _count("generate: max_new_tokens", max_new_tokens)
+        stops = set(_as_id_list(stop_ids, "generate: stop_ids"))
+        for name, fn in (("sampler", sampler), ("on_token", on_token)):
+            if not callable(fn) and not (name == "on_token" and fn is None):
+                raise InputError(f"generate: {name} must be callable, got {type(fn).__name__} {fn!r}")
         need = len(prompt) + max(0, max_new_tokens - 1)  # the last sampled token is never fed back
         if cache is None:
-            if max_seq_len is not None and max_seq_len < need:
-                raise InputError(f"generate: max_seq_len {max_seq_len} < the {need} positions this generation writes")
+            if max_seq_len is not None:
+                max_seq_len = _count("generate: max_seq_len", max_seq_len)
+                if max_seq_len < need:
+                    raise InputError(
+                        f"generate: max_seq_len {max_seq_len} < the {need} positions this generation writes")
+            start = 0
+        else:
+            if not all(hasattr(cache, a) for a in ("cached_len", "max_seq_len", "reserve")):
+                raise InputError(f"generate: cache must be a KV cache (ctx.new_cache(...), pool.sequence(...)), got "
+                                 f"{type(cache).__name__}")
+            start = cache.cached_len
+        limit = self.model.dims.max_position_embeddings
+        if start + need > limit:
+            raise InputError(
+                f"generate: positions [{start}, {start + need}) (prompt {len(prompt)} + max_new_tokens "
+                f"{max_new_tokens} - 1) exceed the model's max_position_embeddings {limit}"
+            )
+        if cache is None:
             cache = self.new_cache(max_seq_len or need)
         elif cache.max_seq_len is None or cache.max_seq_len - cache.cached_len < need:
             raise InputError(
                 f"generate: needs {need} free positions, cache has {cache.max_seq_len} - {cache.cached_len} used"
             )
+        self._check_cache(cache)
+        cache.reserve(start + need)  # all or nothing, before the prefill writes anything
         result = GenerationResult(prompt, [])
         t0 = time.perf_counter()
         logits = self.prefill(cache, prompt)
@@ -242,7 +277,7 @@ class InferenceContext:
                 result.logits.append(logits[0].clone())
             if on_token is not None:
                 on_token(token)
-            if token in stop_ids or i == max_new_tokens - 1:
+            if token in stops or i == max_new_tokens - 1:
                 break
             t0 = time.perf_counter()
             logits = self.decode(cache, token)
@@ -250,20 +285,46 @@ class InferenceContext:
         return result
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _token_int(value) -> int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise InputError(f"token ids must be integers, got {value!r}")
     try:
-        return operator.index(value)  # ints and numpy integers; floats refused, never truncated
+        out = operator.index(value)  # ints, numpy and one-element integer tensors; floats refused, never truncated
     except TypeError:
         raise InputError(f"token ids must be integers, got {type(value).__name__} {value!r}") from None
+    if not INT64_MIN <= out <= INT64_MAX:
+        raise InputError(f"token id {out} does not fit int64 [{INT64_MIN}, {INT64_MAX}]; token ids must lie in the "
+                         "model's vocabulary [0, vocab_size)")
+    return out
+
+
+def _as_id_list(values, what: str) -> list[int]:
+    """A sequence of token ids (list, tuple, range, numpy array, 1-D tensor) as Python ints."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise InputError(f"{what}: token ids must be integers, got dtype {values.dtype}")
+        return [int(v) for v in values.reshape(-1).tolist()]
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InputError(f"{what} must be a sequence of token ids, got {type(values).__name__} {values!r}")
+    return [_token_int(v) for v in values]
+
+
+def _count(what: str, value) -> int:
+    """A non-negative integer argument (a length, a token count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise InputError(f"{what} must be >= 0, got {value}")
+    return int(value)
 
 
 def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     if isinstance(token_ids, torch.Tensor):
         t = token_ids
-        if t.dtype.is_floating_point:
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise InputError(f"token ids must be integers, got dtype {t.dtype}")
         return t.reshape(1, -1) if t.dim() <= 1 else t
-    ids = [_token_int(i) for i in token_ids]
-    return torch.tensor([ids], dtype=torch.int64)
+    return torch.tensor([_as_id_list(token_ids, "token_ids")], dtype=torch.int64)

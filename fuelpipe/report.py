@@ -88,8 +88,10 @@ def _labels(docs: list[dict[str, Any]]) -> list[str]:
 
 
 def _model_name(doc: dict[str, Any]) -> str:
-    """The conf/model option when the run recorded it, else family_size."""
-    model = doc["config"]["model"]
+    """A checkpoint file by what was loaded (family:file), else the conf/model option, else family_size."""
+    model, ran = doc["config"]["model"], doc.get("model") or {}
+    if model.get("weights") in ("gguf", "hf_dir") and model.get("path"):
+        return f"{ran.get('family') or model['weights']}:{Path(model['path']).name}"
     return doc["choices"].get("model") or f"{model['family']}_{model['size']}"
 
 
@@ -117,7 +119,8 @@ def write_csv(table: list[dict[str, Any]], path: Path) -> None:
         writer.writerows(table)
 
 
-STATUS_COLORS = {"ok": "#2e7d32", "failed": "#c62828", "skipped": "#9e9e9e", "config_error": "#9e9e9e"}
+STATUS_COLORS = {"ok": "#2e7d32", "failed": "#c62828", "skipped": "#9e9e9e", "config_error": "#9e9e9e",
+                 "error": "#6a1b9a"}
 
 
 def plot(table: list[dict[str, Any]], path: Path) -> None:

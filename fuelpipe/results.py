@@ -21,9 +21,11 @@ import fuelpipe
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 
-OK, FAILED, SKIPPED, CONFIG_ERROR = "ok", "failed", "skipped", "config_error"
-STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR)
-EXIT_CODES = {OK: 0, FAILED: 1, CONFIG_ERROR: 2}
+OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR = "ok", "failed", "skipped", "config_error", "error"
+STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR)
+# The CI contract: 1 is a verdict (an oracle failed), 2 bad input, 3 a crash of fuelpipe itself.
+EXIT_CODES = {OK: 0, FAILED: 1, CONFIG_ERROR: 2, ERROR: 3}
+INTERNAL_ERROR_EXIT = EXIT_CODES[ERROR]
 
 # Top-level keys and their JSON types (None: JSON null allowed).
 TOP_LEVEL = {
@@ -68,6 +70,7 @@ BENCH_KEYS = {
     "replan_over_plan_once": (float, int, type(None)),
     "cache_policy": (str,),
 }
+ERROR_KEYS = ("type", "message", "traceback")  # the ``error`` object of a crashed job
 ENV_KEYS = {
     "fuelpipe": (str,),
     "torch": (str,),
@@ -169,8 +172,12 @@ def schema_problems(doc: Any) -> list[str]:
         problems += _check(doc["bench"], BENCH_KEYS, "bench.")
     if isinstance(doc.get("env"), dict):
         problems += _check(doc["env"], ENV_KEYS, "env.")
-    if doc.get("status") in (SKIPPED, CONFIG_ERROR) and not doc.get("reasons"):
+    if doc.get("status") in (SKIPPED, CONFIG_ERROR, ERROR) and not doc.get("reasons"):
         problems.append(f"status {doc.get('status')!r} needs at least one entry in reasons")
+    if doc.get("status") == ERROR:
+        error = doc.get("error")
+        if not isinstance(error, dict) or not all(isinstance(error.get(k), str) for k in ERROR_KEYS):
+            problems.append(f"status 'error' needs an error object with string {', '.join(ERROR_KEYS)}")
     return problems
 
 

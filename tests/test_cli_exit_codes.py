@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from conftest import run_cli
 from fuelpipe.results import schema_problems
 
@@ -69,3 +71,88 @@ def test_misspelled_key_exits_2(tmp_path):
     assert proc.returncode == 2
     assert "unknown key in experiment.bench 'tokenz'; did you mean 'tokens'?" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_a_checkpoint_error_exits_2_with_the_typed_message_and_no_traceback(tmp_path):
+    import numpy as np
+
+    from models.registry import build_random_model
+    from weights_helpers import llama_gguf_tensors, write_llama_gguf
+
+    tiny = build_random_model("llama", "tiny", seed=5)
+    tensors = llama_gguf_tensors(tiny)
+    tensors["blk.0.attn_v.weight"][1, 2] = np.inf
+    path = write_llama_gguf(tmp_path / "inf.gguf", tiny, tensors=tensors)
+    proc = run_cli("model.weights=gguf", f"model.path={path}", "experiment=smoke", f"hydra.run.dir={tmp_path / 'run'}",
+                   cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert "tensor 'blk.0.attn_v.weight' holds 1 non-finite value(s)" in proc.stdout
+    _no_traceback(proc)
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["status"] == "config_error" and schema_problems(doc) == []
+
+
+def test_a_generation_request_that_cannot_fit_exits_2_before_generating(tmp_path):
+    from models.registry import build_random_model
+    from weights_helpers import write_llama_gguf
+
+    path = write_llama_gguf(tmp_path / "tiny.gguf", build_random_model("llama", "tiny", seed=5))
+    proc = run_cli("model.weights=gguf", f"model.path={path}", "experiment=generate", "max_new_tokens=600",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert "beyond the model's max_position_embeddings 512" in proc.stdout and "---" not in proc.stdout  # nothing streamed
+    _no_traceback(proc)
+
+
+def test_a_crash_of_fuelpipe_exits_3_with_its_traceback_not_1(tmp_path):
+    """A bug (planted here) must not read as "an oracle failed"."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, fuelpipe.runner.job as job\n"
+            "def planted(*a, **k):\n    raise RuntimeError('planted bug')\n"
+            "job.run_oracles = planted\n"
+            "from fuelpipe.cli import main\nmain(sys.argv[1:])\n")
+    env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code, "model=llama_tiny", "experiment=smoke", "backend=eager",
+                           f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" in proc.stdout + proc.stderr and "RuntimeError: planted bug" in proc.stdout
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "error" and schema_problems(doc) == []
+
+
+def _doc(status, tmp, name):
+    from fuelpipe.results import results_doc, write_results
+
+    env = {"fuelpipe": "0", "torch": "2", "python": "3", "platform": "x", "device": "cpu", "threads": 1, "git": None}
+    config = {"experiment": {"name": "t"}, "model": {"family": "llama", "size": name, "dtype": "float32", "overrides": {}},
+              "kv": {"layout": "contiguous"}, "backend": {"name": "eager", "device": "cpu"},
+              "plan": {"mode": "plan_once", "offset_mode": None}}
+    reasons = [] if status in ("ok", "failed") else [f"{status} reason"]
+    doc = results_doc(status, config=config, env=env, reasons=reasons, choices={"model": name})
+    if status == "error":
+        doc["error"] = {"type": "RuntimeError", "message": "x", "traceback": "Traceback ..."}
+    write_results(tmp / name, doc)
+
+
+@pytest.mark.parametrize("statuses, code", [
+    (("ok", "skipped"), 0),
+    (("ok", "failed", "error"), 1),  # a verdict outranks a crash
+    (("ok", "error", "skipped"), 3),
+    (("skipped", "skipped"), 2),
+])
+def test_sweep_exit_codes(tmp_path, capsys, statuses, code):
+    from fuelpipe.cli import _sweep_exit
+
+    for i, status in enumerate(statuses):
+        _doc(status, tmp_path, f"job{i}")
+    assert _sweep_exit(tmp_path) == code

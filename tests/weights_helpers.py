@@ -42,7 +42,7 @@ def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 def llama_gguf_tensors(model) -> dict[str, np.ndarray]:
     """A fuelpipe Llama's weights under llama.cpp's names and layouts (q/k permuted), f32."""
     c = model.config
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}  # copies: callers may edit
     out = {"token_embd.weight": sd["embed_tokens.weight"], "output_norm.weight": sd["norm.weight"]}
     if not c.tie_word_embeddings:
         out["output.weight"] = sd["lm_head.weight"]
@@ -81,7 +81,7 @@ def write_llama_gguf(
 
 def gemma3_gguf_tensors(model, norm_offset: float = 1.0) -> dict[str, np.ndarray]:
     """A fuelpipe Gemma3's weights under llama.cpp's names; norms stored as (norm_offset + w), as its converter does."""
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}  # copies: callers may edit
     out = {"token_embd.weight": sd["embed_tokens.weight"], "output_norm.weight": sd["norm.weight"] + norm_offset}
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
@@ -147,3 +147,33 @@ def _write(path: Path, arch: str, vocab_size: int, meta: Callable, tensors: dict
 
 def torch_state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def llama_hf_config(model) -> dict:
+    """A transformers-style config.json dict for a fuelpipe Llama (written by hand: no transformers needed)."""
+    c = model.config
+    return {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings}
+
+
+def llama_hf_tensors(model) -> dict[str, torch.Tensor]:
+    """A fuelpipe Llama's weights under HF checkpoint names (``model.`` prefix; the head unprefixed)."""
+    return {(k if k == "lm_head.weight" else f"model.{k}"): v.detach().clone().contiguous()
+            for k, v in model.state_dict().items()}
+
+
+def write_llama_hf_dir(path: Path, model, *, tensors: Optional[dict[str, torch.Tensor]] = None,
+                       config: Optional[dict] = None) -> Path:
+    """Write ``model`` (a fuelpipe Llama) as an HF directory: config.json + model.safetensors."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config if config is not None else llama_hf_config(model)))
+    save_file(tensors if tensors is not None else llama_hf_tensors(model), str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return path

@@ -18,6 +18,7 @@ from fuelpipe.errors import (
     KvNoCapacityError,
 )
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.sizes import check_dtype, check_size
 
 K, V = 0, 1
 SLOT_NAMES = ("K", "V")
@@ -48,11 +49,12 @@ class ContiguousKvCache:
         dtype: Optional[torch.dtype],
         device: torch.device | str | None,
     ) -> None:
-        for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            if v < 1:
-                raise KvCapacityError(f"ContiguousKvCache: {name} must be >= 1, got {v}")
-        if max_seq_len is not None and max_seq_len < 1:
-            raise KvCapacityError(f"ContiguousKvCache: max_seq_len must be >= 1, got {max_seq_len}")
+        n_layers, n_kv_heads, head_dim = (check_size("ContiguousKvCache", name, v) for name, v in (
+            ("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)))
+        if max_seq_len is not None:
+            max_seq_len = check_size("ContiguousKvCache", "max_seq_len", max_seq_len)
+        if dtype is not None:
+            dtype = check_dtype("ContiguousKvCache", dtype)
         self.n_layers = n_layers
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
@@ -143,6 +145,10 @@ class ContiguousKvCache:
         if new_len < 0:
             raise KvCapacityError(f"truncate_to: new_len must be >= 0, got {new_len}")
         self.cached_len = min(self.cached_len, new_len)
+
+    def reserve(self, end: int) -> None:
+        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
+        self.check_room(0, end)
 
     def advance(self, n: int) -> None:
         """Record that ``n`` more positions were written by a step."""

@@ -14,6 +14,7 @@ import torch
 
 from fuelpipe.errors import KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.sizes import check_dtype, check_size
 
 
 class LatentKvCache:
@@ -27,10 +28,9 @@ class LatentKvCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        if n_layers < 1:
-            raise KvCapacityError(f"LatentKvCache: n_layers must be >= 1, got {n_layers}")
-        if max_seq_len < 1:
-            raise KvCapacityError(f"LatentKvCache: max_seq_len must be >= 1, got {max_seq_len}")
+        n_layers = check_size("LatentKvCache", "n_layers", n_layers)
+        max_seq_len = check_size("LatentKvCache", "max_seq_len", max_seq_len)
+        dtype = check_dtype("LatentKvCache", dtype)
         if len(slot_trailing) < 1:
             raise KvCapacityError("LatentKvCache: at least one slot per layer is required, got 0")
         bad = [tuple(t) for t in slot_trailing if not all(int(d) >= 1 for d in t)]
@@ -107,6 +107,10 @@ class LatentKvCache:
             raise KvCapacityError(
                 f"LatentKvCache: positions [{start}, {start + n}) exceed max_seq_len {self.max_seq_len}"
             )
+
+    def reserve(self, end: int) -> None:
+        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
+        self.check_room(0, end)
 
     def advance(self, n: int) -> None:
         self.check_room(self.cached_len, n)

@@ -15,6 +15,7 @@ import torch
 
 from fuelpipe.errors import KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.sizes import check_dtype, check_size
 
 NULL_BLOCK = 0
 
@@ -25,12 +26,11 @@ class KvOutOfBlocksError(KvCapacityError):
 
 class KvBlockPool:
     def __init__(self, n_layers, n_kv_heads, head_dim, num_blocks, block_size, dtype=torch.float32, device="cpu"):
-        for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
-                        ("block_size", block_size)):
-            if v < 1:
-                raise KvCapacityError(f"KvBlockPool: {name} must be >= 1, got {v}")
-        if num_blocks < 2:
-            raise KvCapacityError(f"KvBlockPool: num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        n_layers, n_kv_heads, head_dim, block_size = (
+            check_size("KvBlockPool", name, v) for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                                                                ("head_dim", head_dim), ("block_size", block_size)))
+        num_blocks = check_size("KvBlockPool", "num_blocks", num_blocks, 2, " (block 0 is the null block)")
+        dtype = check_dtype("KvBlockPool", dtype)
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
@@ -96,8 +96,7 @@ class PagedSequence:
     step_kind = "paged"
 
     def __init__(self, pool: KvBlockPool, max_blocks_cap: int) -> None:
-        if max_blocks_cap < 1:
-            raise KvCapacityError(f"PagedSequence: max_blocks_cap must be >= 1, got {max_blocks_cap}")
+        max_blocks_cap = check_size("PagedSequence", "max_blocks_cap", max_blocks_cap)
         self.pool = pool
         self.max_blocks_cap = max_blocks_cap
         self.blocks: list[int] = []
@@ -146,6 +145,17 @@ class PagedSequence:
             for b in new:
                 self._table[0, len(self.blocks)] = b
                 self.blocks.append(b)
+
+    def reserve(self, end: int) -> None:
+        """Own every block positions [0, end) will need, now: all of them or, raising, none.
+
+        ``generate`` reserves its whole need before the prefill, so a request either fits the pool
+        up front or is refused with the sequence and the pool untouched (``KvCapacityError`` past
+        the block table, ``KvOutOfBlocksError`` when the pool is short), and no other sequence
+        sharing the pool can take those blocks mid-run. Reserved blocks stay with the sequence
+        until ``free``.
+        """
+        self.check_room(0, end)
 
     def write_index(self, start: int, n: int) -> torch.Tensor:
         """Flattened write offsets physical_block * block_size + slot, [n] int64."""

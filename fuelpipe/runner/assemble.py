@@ -20,6 +20,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.runner.model_record import model_record
 from models.registry import build_random_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -36,6 +37,7 @@ class Assembly:
     prompts: tuple[tuple[int, ...], ...]  # token ids every oracle and the benchmark use
     tokenizer: Optional[Any] = None  # a checkpoint's TextTokenizer; None for random weights
     load: dict = field(default_factory=dict)  # checkpoint load report (times, peak RSS), empty for random
+    model_record: dict = field(default_factory=dict)  # what was loaded (results.json ``model``)
 
 
 def load_checkpoint(m: DictConfig, device: torch.device):
@@ -72,6 +74,10 @@ def resolve_prompts(exp: DictConfig, tokenizer, vocab_size: int) -> tuple[tuple[
         prompts = tuple(tuple(tokenizer.encode(text)) for text in exp.text_prompts)
     else:
         prompts = tuple(tuple(p) for p in exp.prompts)
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        source = "experiment.text_prompts" if tokenizer is not None and exp.text_prompts else "experiment.prompts"
+        raise ConfigError(f"{source} entries {empty} are empty (or encode to no tokens); every prompt needs a token")
     bad = sorted({t for p in prompts for t in p if not 0 <= t < vocab_size})
     if bad:
         raise ConfigError(f"experiment prompts hold token ids {bad} outside the model's vocabulary [0, {vocab_size})")
@@ -84,12 +90,13 @@ def assemble(cfg: DictConfig) -> Assembly:
     torch.manual_seed(cfg.experiment.seed)
     device = resolve_device(cfg.backend.device)
     m = cfg.model
-    tokenizer, load = None, {}
+    tokenizer, load, report = None, {}, None
     if m.weights is Weights.random:
         model = build_model(m, device, seed=m.seed)
     else:
         model, tokenizer, report = load_checkpoint(m, device)
         load = {"load_s": report.load_s, "summary": report.summary()}
+    record = model_record(m, model, report)
     prompts = resolve_prompts(cfg.experiment, tokenizer, model.dims.vocab_size)
     need = needed_positions(cfg.experiment, prompts)
     max_seq_len = cfg.kv.max_seq_len or need
@@ -102,4 +109,4 @@ def assemble(cfg: DictConfig) -> Assembly:
         )
     other = partial(build_model, m, device, seed=m.seed + 1)
     return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other, prompts,
-                    tokenizer, load)
+                    tokenizer, load, record)

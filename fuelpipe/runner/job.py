@@ -1,6 +1,8 @@
 """One job: validate the combination, assemble it, run oracles and benchmark, return results.json."""
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -8,12 +10,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from fuelpipe.bench.decode import run_decode_bench
 from fuelpipe.config.validate import resolve_device, validate
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
-from fuelpipe.results import CONFIG_ERROR, SKIPPED, env_info, results_doc, status_of
+from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of
 from fuelpipe.runner.assemble import assemble
-from fuelpipe.runner.generate import run_generation
+from fuelpipe.runner.generate import plan_generation, run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
+from fuelpipe.weights.errors import ModelPackageMissingError, WeightsError
+
+log = logging.getLogger(__name__)
+
+
+# Errors that describe bad input (a configuration, a checkpoint, a request): caught in the up-front
+# phase and reported as a configuration error. Anything else is a crash of fuelpipe itself.
+BAD_INPUT = (ConfigError, InputError, KvCacheError, WeightsError, ModelPackageMissingError)
 
 
 def run_job(
@@ -23,35 +33,34 @@ def run_job(
     overrides: Sequence[str] = (),
     choices: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
-    """The results document of one combination (never raises for an invalid combination).
+    """The results document of one combination; never raises (except on KeyboardInterrupt).
 
-    An invalid combination is ``skipped`` inside a sweep (the sweep goes on)
-    and a ``config_error`` on its own.
+    Bad input (an invalid combination, an unreadable or non-finite checkpoint, a generation
+    request that cannot fit) is found up front, before anything runs: ``skipped`` inside a sweep
+    (the sweep goes on), ``config_error`` on its own. A crash is ``error``, with the exception
+    recorded and its traceback logged.
     """
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    try:
+        return _run_job(cfg, config, sweep, overrides, choices)
+    except Exception as err:  # a bug, not bad input: it must not read as "an oracle failed"
+        log.exception("fuelpipe: internal error in the job")
+        env = env_info(_device_name(cfg), torch.get_num_threads())
+        doc = results_doc(ERROR, config=config, env=env, reasons=[f"internal error: {type(err).__name__}: {err}"],
+                          overrides=overrides, choices=choices)
+        doc["error"] = {"type": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
+        return doc
+
+
+def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     reasons = validate(cfg)
-    asm = None
+    asm = request = None
     if not reasons:
         try:
             asm = assemble(cfg)
-            if cfg.experiment.peers.enabled:
-                from fuelpipe.bench.peers.experiment import peers_prompt
-
-                p, limit = cfg.experiment.peers, asm.model.dims.max_position_embeddings
-                peers_prompt(asm, p.prompt_tokens)  # needs the encoded prompt
-                if p.prompt_tokens + p.new_tokens > limit:
-                    raise ConfigError(
-                        f"experiment.peers.prompt_tokens + new_tokens = {p.prompt_tokens + p.new_tokens} exceeds the "
-                        f"model's max_position_embeddings {limit}"
-                    )
-            if cfg.experiment.context.enabled:
-                c, limit = cfg.experiment.context, asm.model.dims.max_position_embeddings
-                if max(c.lengths) + c.warmup + c.tokens > limit:
-                    raise ConfigError(
-                        f"experiment.context.lengths reach {max(c.lengths)} + {c.warmup + c.tokens} decode steps, "
-                        f"beyond the model's max_position_embeddings {limit}"
-                    )
-        except ConfigError as err:  # a rule validate() does not know yet: still a configuration problem
+            _check_studies(cfg, asm)
+            request = plan_generation(cfg, asm)
+        except BAD_INPUT as err:  # a rule validate() cannot check before loading: still bad input
             reasons, asm = [str(err)], None
     if asm is None:
         env = env_info(_device_name(cfg), torch.get_num_threads())
@@ -59,7 +68,9 @@ def run_job(
         return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides, choices=choices)
 
     exp = cfg.experiment
-    generation = run_generation(cfg, asm)  # first, so a user sees real text before the checks run
+    if asm.model_record.get("family_mismatch"):
+        log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
+    generation = run_generation(cfg, asm, request)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
     peers = run_peers_experiment(cfg, asm) if exp.peers.enabled else None
     context = run_context_experiment(cfg, asm) if exp.context.enabled else None
@@ -84,6 +95,7 @@ def run_job(
     doc = results_doc(
         status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
     )
+    doc["model"] = asm.model_record
     doc["generation"] = generation
     if peers is not None:
         doc["peers"] = peers
@@ -91,6 +103,27 @@ def run_job(
         doc["context_scaling"] = context
     doc["load"] = asm.load or None
     return doc
+
+
+def _check_studies(cfg: DictConfig, asm) -> None:
+    """The speed studies' lengths against the loaded model (validate() cannot know its limit)."""
+    if cfg.experiment.peers.enabled:
+        from fuelpipe.bench.peers.experiment import peers_prompt
+
+        p, limit = cfg.experiment.peers, asm.model.dims.max_position_embeddings
+        peers_prompt(asm, p.prompt_tokens)  # needs the encoded prompt
+        if p.prompt_tokens + p.new_tokens > limit:
+            raise ConfigError(
+                f"experiment.peers.prompt_tokens + new_tokens = {p.prompt_tokens + p.new_tokens} exceeds the "
+                f"model's max_position_embeddings {limit}"
+            )
+    if cfg.experiment.context.enabled:
+        c, limit = cfg.experiment.context, asm.model.dims.max_position_embeddings
+        if max(c.lengths) + c.warmup + c.tokens > limit:
+            raise ConfigError(
+                f"experiment.context.lengths reach {max(c.lengths)} + {c.warmup + c.tokens} decode steps, "
+                f"beyond the model's max_position_embeddings {limit}"
+            )
 
 
 def run_peers_experiment(cfg: DictConfig, asm) -> dict:

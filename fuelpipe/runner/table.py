@@ -3,14 +3,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from fuelpipe.runner.model_record import describe
+
 
 def render(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     m, b, p = cfg["model"], cfg["backend"], cfg["plan"]
+    ran = doc.get("model")  # what was loaded; absent when nothing was
+    name = _composed(m) if ran is None else (f"{ran['family']} {ran['size']}" if ran["size"] else
+                                              f"{ran['family']} {ran['path']}")
     lines = [
-        f"fuelpipe {doc['experiment']}: {m['family']} {m['size']} {m['dtype']} | kv={cfg['kv']['layout']} "
+        f"fuelpipe {doc['experiment']}: {name} {m['dtype']} | kv={cfg['kv']['layout']} "
         f"backend={b['name']} plan={p['mode']} device={doc['env']['device']} threads={doc['env']['threads']}"
     ]
+    if ran is not None:
+        lines.append(f"model: {describe(ran)}")
+        if ran.get("family_mismatch"):
+            lines.append(f"warning: {ran['family_mismatch']}")
     if doc.get("load"):
         lines.append(f"loaded: {doc['load']['summary']}")
     gen = doc.get("generation")
@@ -20,7 +29,11 @@ def render(doc: dict[str, Any]) -> str:
             f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt: {speed}, "
             f"prefill {gen['prefill_ms']:.0f} ms, {gen['plan_builds']} plan build(s)"
         )
-    if doc["reasons"]:
+    if doc.get("error"):
+        lines.append(f"error: fuelpipe itself failed (a bug, not your configuration): {doc['error']['type']}: "
+                     f"{doc['error']['message']}")
+        lines.append("  (traceback above and in results.json error.traceback)")
+    elif doc["reasons"]:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]
     if doc["oracles"]:
@@ -68,6 +81,13 @@ def render(doc: dict[str, Any]) -> str:
         lines += [f"written: {w}" for w in doc["context_scaling"]["written"]]
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
+
+
+def _composed(m: dict[str, Any]) -> str:
+    """The composed model config: family and size for random/shipped weights, the file for a checkpoint path."""
+    if m.get("weights") in ("gguf", "hf_dir") and m.get("path"):
+        return f"{m['weights']} {m['path']}"
+    return f"{m['family']} {m['size']}"
 
 
 def _metric(metric: dict[str, Any]) -> str:

@@ -14,6 +14,8 @@ per architecture.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -47,7 +49,54 @@ class Architecture:
 
 
 # ---- reading checkpoint configs ----------------------------------------------------------
-class GgufConfigReader:
+_MISSING = object()
+
+
+class _TypedValues:
+    """Typed reads on top of ``req``/``opt``: a value of the wrong type is refused, never coerced.
+
+    ``int(64.5)`` would silently truncate and ``bool("false")`` is True; these name the key and the value.
+    """
+
+    path: Path
+
+    def req(self, key: str) -> Any: ...  # supplied by the reader
+    def opt(self, key: str, default: Any = None) -> Any: ...
+    def key_name(self, key: str) -> str: ...
+
+    def _get(self, key: str, default: Any) -> Any:
+        return self.req(key) if default is _MISSING else self.opt(key, default)
+
+    def _bad(self, key: str, value: Any, want: str) -> CheckpointConfigError:
+        return CheckpointConfigError(self.path, f"{self.key_name(key)}={value!r} must be {want}")
+
+    def int_(self, key: str, default: Any = _MISSING) -> Any:
+        """An integer (an integral float such as 64.0 is accepted); ``default`` may be None."""
+        value = self._get(key, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+                not isinstance(value, numbers.Integral) and not float(value).is_integer()):
+            raise self._bad(key, value, "an integer")
+        return int(value)
+
+    def float_(self, key: str, default: Any = _MISSING) -> Any:
+        """A finite number; ``default`` may be None."""
+        value = self._get(key, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise self._bad(key, value, "a finite number")
+        return float(value)
+
+    def bool_(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self._bad(key, value, "true or false")
+        return value
+
+
+class GgufConfigReader(_TypedValues):
     """``{arch}.*`` metadata of one GGUF file; a missing required key names the file and the key."""
 
     def __init__(self, path: Path, arch: str, metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]):
@@ -62,6 +111,9 @@ class GgufConfigReader:
     def opt(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.arch}.{key}", default)
 
+    def key_name(self, key: str) -> str:
+        return f"GGUF metadata {self.arch}.{key}"
+
     def has_tensor(self, name: str) -> bool:
         return name in self.tensor_shapes
 
@@ -75,42 +127,49 @@ class GgufConfigReader:
         if kind == "none":
             return RopeScaling()
         if kind == "linear":
-            return RopeScaling("linear", float(self.req("rope.scaling.factor")))
+            return RopeScaling("linear", self.float_("rope.scaling.factor"))
         raise CheckpointConfigError(
             self.path, f"GGUF rope scaling type {kind!r} ({self.arch}.rope.scaling.type) is not supported; "
             "supported: none, linear"
         )
 
 
-class HfConfigReader:
+class HfConfigReader(_TypedValues):
     """A ``config.json`` dict; a missing required key names the file and the key."""
 
-    def __init__(self, path: Path, cfg: dict[str, Any]):
-        self.path, self.cfg = path, cfg
+    def __init__(self, path: Path, cfg: dict[str, Any], prefix: str = ""):
+        if not isinstance(cfg, dict):
+            raise CheckpointConfigError(path, f"config.json {prefix.rstrip('.') or 'top level'} must be an object, "
+                                              f"got {type(cfg).__name__} {cfg!r}")
+        self.path, self.cfg, self.prefix = path, cfg, prefix  # prefix: where a nested object sits ("rope_scaling.")
 
     def req(self, key: str) -> Any:
         if self.cfg.get(key) is None:
-            raise CheckpointConfigError(self.path, f"config.json has no {key!r}")
+            raise CheckpointConfigError(self.path, f"config.json has no {self.prefix + key!r}")
         return self.cfg[key]
 
     def opt(self, key: str, default: Any = None) -> Any:
         value = self.cfg.get(key)
         return default if value is None else value
 
+    def key_name(self, key: str) -> str:
+        return f"config.json {self.prefix}{key}"
+
     def rope(self, default_theta: float = 10000.0) -> tuple[float, RopeScaling]:
         """(rope_theta, scaling) from either the transformers-4 keys or transformers-5 ``rope_parameters``."""
-        params = self.cfg.get("rope_parameters") or {}
-        scaling = self.cfg.get("rope_scaling") or params
-        theta = self.opt("rope_theta", params.get("rope_theta", default_theta))
-        kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        params = HfConfigReader(self.path, self.cfg.get("rope_parameters") or {}, "rope_parameters.")
+        which = "rope_scaling" if self.cfg.get("rope_scaling") else "rope_parameters"
+        scaling = HfConfigReader(self.path, self.cfg.get("rope_scaling") or params.cfg, which + ".")
+        theta = self.float_("rope_theta", params.float_("rope_theta", default_theta))
+        kind = scaling.opt("rope_type", scaling.opt("type", "default"))
         if kind == "default":
-            return float(theta), RopeScaling()
+            return theta, RopeScaling()
         if kind == "linear":
-            return float(theta), RopeScaling("linear", float(scaling["factor"]))
+            return theta, RopeScaling("linear", scaling.float_("factor"))
         if kind == "llama3":
-            return float(theta), RopeScaling(
-                "llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]),
+            return theta, RopeScaling(
+                "llama3", scaling.float_("factor"), scaling.float_("low_freq_factor"),
+                scaling.float_("high_freq_factor"), scaling.int_("original_max_position_embeddings"),
             )
         raise CheckpointConfigError(
             self.path, f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3"
@@ -149,11 +208,11 @@ def minus_one(w: torch.Tensor, c) -> torch.Tensor:
 
 # ---- Llama -------------------------------------------------------------------------------
 def _llama_gguf_config(m: GgufConfigReader) -> dict:
-    heads = int(m.req("attention.head_count"))
-    hidden = int(m.req("embedding_length"))
-    key_length = m.opt("attention.key_length")
-    head_dim = int(key_length) if key_length is not None else hidden // heads
-    rotary = int(m.opt("rope.dimension_count", head_dim))
+    heads = m.int_("attention.head_count")
+    hidden = m.int_("embedding_length")
+    key_length = m.int_("attention.key_length", None)
+    head_dim = key_length if key_length is not None else hidden // heads
+    rotary = m.int_("rope.dimension_count", head_dim)
     if rotary != head_dim:
         raise CheckpointConfigError(
             m.path, f"{m.arch}.rope.dimension_count={rotary} differs from head_dim {head_dim}; "
@@ -162,15 +221,15 @@ def _llama_gguf_config(m: GgufConfigReader) -> dict:
     return dict(
         vocab_size=m.rows("token_embd.weight"),
         hidden_size=hidden,
-        intermediate_size=int(m.req("feed_forward_length")),
-        num_hidden_layers=int(m.req("block_count")),
+        intermediate_size=m.int_("feed_forward_length"),
+        num_hidden_layers=m.int_("block_count"),
         num_attention_heads=heads,
-        num_key_value_heads=int(m.opt("attention.head_count_kv", heads)),
+        num_key_value_heads=m.int_("attention.head_count_kv", heads),
         head_dim=None if key_length is None else head_dim,
-        rms_norm_eps=float(m.req("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(m.opt("rope.freq_base", 10000.0)),
+        rms_norm_eps=m.float_("attention.layer_norm_rms_epsilon"),
+        rope_theta=m.float_("rope.freq_base", 10000.0),
         rope_scaling=m.rope_scaling(),
-        max_position_embeddings=int(m.req("context_length")),
+        max_position_embeddings=m.int_("context_length"),
         tie_word_embeddings=not m.has_tensor("output.weight"),
         attention_bias=m.has_tensor("blk.0.attn_q.bias"),
         mlp_bias=m.has_tensor("blk.0.ffn_up.bias"),
@@ -180,22 +239,22 @@ def _llama_gguf_config(m: GgufConfigReader) -> dict:
 def _llama_hf_config(h: HfConfigReader) -> dict:
     h.require_activation("hidden_act", ("silu",))
     theta, scaling = h.rope()
-    heads = int(h.req("num_attention_heads"))
+    heads = h.int_("num_attention_heads")
     return dict(
-        vocab_size=int(h.req("vocab_size")),
-        hidden_size=int(h.req("hidden_size")),
-        intermediate_size=int(h.req("intermediate_size")),
-        num_hidden_layers=int(h.req("num_hidden_layers")),
+        vocab_size=h.int_("vocab_size"),
+        hidden_size=h.int_("hidden_size"),
+        intermediate_size=h.int_("intermediate_size"),
+        num_hidden_layers=h.int_("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
-        head_dim=h.opt("head_dim"),
-        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-6)),
+        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        head_dim=h.int_("head_dim", None),
+        rms_norm_eps=h.float_("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(h.opt("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(h.opt("tie_word_embeddings", False)),
-        attention_bias=bool(h.opt("attention_bias", False)),
-        mlp_bias=bool(h.opt("mlp_bias", False)),
+        max_position_embeddings=h.int_("max_position_embeddings", 2048),
+        tie_word_embeddings=h.bool_("tie_word_embeddings", False),
+        attention_bias=h.bool_("attention_bias", False),
+        mlp_bias=h.bool_("mlp_bias", False),
     )
 
 
@@ -226,31 +285,31 @@ GEMMA3_27B_LAYERS = 62  # llama.cpp scales 27B queries by (hidden / heads), ever
 
 
 def _gemma3_gguf_config(m: GgufConfigReader) -> dict:
-    key_length, value_length = int(m.req("attention.key_length")), int(m.opt("attention.value_length", 0))
+    key_length, value_length = m.int_("attention.key_length"), m.int_("attention.value_length", 0)
     if value_length and value_length != key_length:
         raise CheckpointConfigError(m.path, f"{m.arch}.attention.value_length {value_length} differs from "
                                             f"key_length {key_length}")
-    heads, hidden, layers = int(m.req("attention.head_count")), int(m.req("embedding_length")), int(m.req("block_count"))
-    softcap = m.opt("final_logit_softcapping")
+    heads, hidden, layers = m.int_("attention.head_count"), m.int_("embedding_length"), m.int_("block_count")
+    softcap = m.float_("final_logit_softcapping", None)
     if m.opt("attn_logit_softcapping") is not None:
         raise CheckpointConfigError(m.path, f"{m.arch}.attn_logit_softcapping is not supported by the gemma3 family")
     return dict(
         vocab_size=m.rows("token_embd.weight"),
         hidden_size=hidden,
-        intermediate_size=int(m.req("feed_forward_length")),
+        intermediate_size=m.int_("feed_forward_length"),
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(m.opt("attention.head_count_kv", heads)),
+        num_key_value_heads=m.int_("attention.head_count_kv", heads),
         head_dim=key_length,
         query_pre_attn_scalar=hidden / heads if layers == GEMMA3_27B_LAYERS else key_length,
-        rms_norm_eps=float(m.req("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(m.opt("rope.freq_base", 1_000_000.0)),
-        rope_local_base_freq=float(m.opt("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+        rms_norm_eps=m.float_("attention.layer_norm_rms_epsilon"),
+        rope_theta=m.float_("rope.freq_base", 1_000_000.0),
+        rope_local_base_freq=m.float_("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE),
         rope_scaling=m.rope_scaling(),
-        max_position_embeddings=int(m.req("context_length")),
-        sliding_window=int(m.req("attention.sliding_window")),
+        max_position_embeddings=m.int_("context_length"),
+        sliding_window=m.int_("attention.sliding_window"),
         **_gemma3_gguf_layer_kinds(m, layers),
-        final_logit_softcapping=None if softcap is None else float(softcap),
+        final_logit_softcapping=softcap,
     )
 
 
@@ -279,27 +338,27 @@ def _gemma3_hf_config(h: HfConfigReader) -> dict:
             raise CheckpointConfigError(h.path, "RoPE scaling on sliding layers is not supported by the gemma3 family")
     else:
         theta, scaling = h.rope(default_theta=1_000_000.0)
-        local_theta = float(h.opt("rope_local_base_freq", 10_000.0))
-    heads = int(h.req("num_attention_heads"))
+        local_theta = h.float_("rope_local_base_freq", 10_000.0)
+    heads = h.int_("num_attention_heads")
     layer_types = h.opt("layer_types")
     return dict(
-        vocab_size=int(h.req("vocab_size")),
-        hidden_size=int(h.req("hidden_size")),
-        intermediate_size=int(h.req("intermediate_size")),
-        num_hidden_layers=int(h.req("num_hidden_layers")),
+        vocab_size=h.int_("vocab_size"),
+        hidden_size=h.int_("hidden_size"),
+        intermediate_size=h.int_("intermediate_size"),
+        num_hidden_layers=h.int_("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
-        head_dim=int(h.opt("head_dim", 256)),
-        query_pre_attn_scalar=float(h.opt("query_pre_attn_scalar", 256)),
-        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-6)),
+        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        head_dim=h.int_("head_dim", 256),
+        query_pre_attn_scalar=h.float_("query_pre_attn_scalar", 256),
+        rms_norm_eps=h.float_("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_local_base_freq=local_theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(h.opt("max_position_embeddings", 131072)),
-        sliding_window=int(h.opt("sliding_window", 4096)),
-        sliding_window_pattern=int(h.opt("sliding_window_pattern", h.opt("_sliding_window_pattern", 6))),
+        max_position_embeddings=h.int_("max_position_embeddings", 131072),
+        sliding_window=h.int_("sliding_window", 4096),
+        sliding_window_pattern=h.int_("sliding_window_pattern", h.int_("_sliding_window_pattern", 6)),
         layer_types=tuple(layer_types) if layer_types is not None else None,
-        final_logit_softcapping=h.opt("final_logit_softcapping"),
+        final_logit_softcapping=h.float_("final_logit_softcapping", None),
     )
 
 
@@ -326,25 +385,25 @@ _GEMMA3_GGUF = (
 def _qwen3_hf_config(h: HfConfigReader) -> dict:
     h.require_activation("hidden_act", ("silu",))
     theta, scaling = h.rope()
-    heads = int(h.req("num_attention_heads"))
+    heads = h.int_("num_attention_heads")
     layer_types = h.opt("layer_types")
     return dict(
-        vocab_size=int(h.req("vocab_size")),
-        hidden_size=int(h.req("hidden_size")),
-        intermediate_size=int(h.req("intermediate_size")),
-        num_hidden_layers=int(h.req("num_hidden_layers")),
+        vocab_size=h.int_("vocab_size"),
+        hidden_size=h.int_("hidden_size"),
+        intermediate_size=h.int_("intermediate_size"),
+        num_hidden_layers=h.int_("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
-        head_dim=int(h.opt("head_dim", int(h.req("hidden_size")) // heads)),
-        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-6)),
+        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        head_dim=h.int_("head_dim", h.int_("hidden_size") // heads),
+        rms_norm_eps=h.float_("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(h.opt("max_position_embeddings", 32768)),
-        tie_word_embeddings=bool(h.opt("tie_word_embeddings", False)),
-        attention_bias=bool(h.opt("attention_bias", False)),
-        use_sliding_window=bool(h.opt("use_sliding_window", False)),
-        sliding_window=h.opt("sliding_window"),
-        max_window_layers=int(h.opt("max_window_layers", int(h.req("num_hidden_layers")))),
+        max_position_embeddings=h.int_("max_position_embeddings", 32768),
+        tie_word_embeddings=h.bool_("tie_word_embeddings", False),
+        attention_bias=h.bool_("attention_bias", False),
+        use_sliding_window=h.bool_("use_sliding_window", False),
+        sliding_window=h.int_("sliding_window", None),
+        max_window_layers=h.int_("max_window_layers", h.int_("num_hidden_layers")),
         layer_types=tuple(layer_types) if layer_types is not None else None,
     )
 
@@ -355,20 +414,20 @@ def _phi3_hf_config(h: HfConfigReader) -> dict:
     if scaling.kind != "none":
         raise CheckpointConfigError(h.path, f"RoPE scaling {scaling.kind!r} is not supported by the phi family")
     params = h.cfg.get("rope_parameters") or {}
-    heads = int(h.req("num_attention_heads"))
+    heads = h.int_("num_attention_heads")
     return dict(
-        vocab_size=int(h.req("vocab_size")),
-        hidden_size=int(h.req("hidden_size")),
-        intermediate_size=int(h.req("intermediate_size")),
-        num_hidden_layers=int(h.req("num_hidden_layers")),
+        vocab_size=h.int_("vocab_size"),
+        hidden_size=h.int_("hidden_size"),
+        intermediate_size=h.int_("intermediate_size"),
+        num_hidden_layers=h.int_("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(h.opt("num_key_value_heads", heads)),
-        rms_norm_eps=float(h.opt("rms_norm_eps", 1e-5)),
+        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        rms_norm_eps=h.float_("rms_norm_eps", 1e-5),
         rope_theta=theta,
-        partial_rotary_factor=float(h.opt("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))),
-        max_position_embeddings=int(h.opt("max_position_embeddings", 4096)),
-        sliding_window=h.opt("sliding_window"),
-        tie_word_embeddings=bool(h.opt("tie_word_embeddings", False)),
+        partial_rotary_factor=h.float_("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)),
+        max_position_embeddings=h.int_("max_position_embeddings", 4096),
+        sliding_window=h.int_("sliding_window", None),
+        tie_word_embeddings=h.bool_("tie_word_embeddings", False),
     )
 
 

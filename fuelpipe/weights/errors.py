@@ -54,6 +54,20 @@ class CheckpointConfigError(WeightsError, ValueError):
     """The checkpoint's config/metadata is missing a value or asks for something the family cannot do."""
 
 
+class NonFiniteWeightError(WeightsError, ValueError):
+    """A checkpoint tensor holds NaN or Inf values: refused at load, never run (it would decode garbage).
+
+    ``tensor`` is the checkpoint's name for it, ``count`` how many values are non-finite and
+    ``first_index`` the index of the first one (row-major, in the tensor as stored).
+    """
+
+    def __init__(self, path: str | Path, tensor: str, count: int, numel: int, first_index: tuple[int, ...],
+                 first_value: float) -> None:
+        self.tensor, self.count, self.numel, self.first_index = tensor, count, numel, first_index
+        super().__init__(path, f"tensor {tensor!r} holds {count} non-finite value(s) of {numel} (NaN/Inf); the first "
+                               f"is {first_value} at index {list(first_index)}; weights must be finite")
+
+
 class TokenizerLoadError(WeightsError, ValueError):
     """The tokenizer described by the checkpoint could not be built."""
 

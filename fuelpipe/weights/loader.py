@@ -27,6 +27,7 @@ from fuelpipe.weights import dequant
 from fuelpipe.weights.architectures import (
     Architecture, GgufConfigReader, HfConfigReader, TensorRule, by_gguf_arch, by_hf_architecture,
 )
+from fuelpipe.weights.finite import check_finite
 from fuelpipe.weights.errors import (
     CheckpointConfigError, CheckpointFormatError, MissingTensorError, PickleRefusedError, TensorShapeError,
     UnexpectedTensorError, UnknownArchitectureError, UnsupportedFormatError, UnsupportedQuantError, WeightsError,
@@ -112,6 +113,16 @@ def _family_parts(path: Path, arch: Architecture, arch_name: str):
     if entry.config_cls is None:
         raise UnknownArchitectureError(path, f"family {arch.family!r} does not declare its config class")
     return entry
+
+
+def _read_config(path: Path, read: Callable[[], dict], what: str) -> dict:
+    """The family config fields a checkpoint's own config describes; a malformed value is a typed refusal."""
+    try:
+        return read()
+    except WeightsError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a value of the wrong shape or type
+        raise CheckpointConfigError(path, f"{what} holds an invalid value ({type(e).__name__}: {e})") from None
 
 
 def _build_config(path: Path, entry, kwargs: dict):
@@ -239,7 +250,9 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     arch = archs[arch_name]
     entry = _family_parts(path, arch, arch_name)
     shapes = {name: info.shape for name, info in f.tensors.items()}
-    config = _build_config(path, entry, arch.config_from_gguf(GgufConfigReader(path, arch_name, f.metadata, shapes)))
+    fields = _read_config(path, lambda: arch.config_from_gguf(GgufConfigReader(path, arch_name, f.metadata, shapes)),
+                          "the GGUF metadata")
+    config = _build_config(path, entry, fields)
     report_times["header"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -262,14 +275,19 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     t0 = time.perf_counter()
     tensors: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}
+    checked = 0.0
     for p in plan:
         info = f.tensors[p.source]
         w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
+        t1 = time.perf_counter()
+        check_finite(path, p.source, w)  # as stored (dequantized), before any transform moves the values
+        checked += time.perf_counter() - t1
         if p.transform is not None:
             w = p.transform(w, config)
         _put(path, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
-    report_times["weights"] = time.perf_counter() - t0
+    report_times["weights"] = time.perf_counter() - t0 - checked
+    report_times["finite_check"] = checked
     types = Counter(f.tensors[p.source].type_name for p in plan)
     return model, config, arch_name, dict(types), f
 
@@ -317,8 +335,12 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
         raise CheckpointFormatError(cfg_path, f"config.json is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointFormatError(cfg_path, f"config.json must hold a JSON object, got {type(cfg).__name__}")
     files = _hf_weight_files(path)  # refuses a pickle-only directory before anything else is read
     names = cfg.get("architectures") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointConfigError(cfg_path, f"config.json architectures must be a list of names, got {names!r}")
     archs = by_hf_architecture()
     if len(names) != 1 or names[0] not in archs:
         shown = names[0] if len(names) == 1 else names
@@ -328,7 +350,8 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         )
     arch = archs[names[0]]
     entry = _family_parts(cfg_path, arch, names[0])
-    config = _build_config(cfg_path, entry, arch.config_from_hf(HfConfigReader(cfg_path, cfg)))
+    fields = _read_config(cfg_path, lambda: arch.config_from_hf(HfConfigReader(cfg_path, cfg)), "config.json")
+    config = _build_config(cfg_path, entry, fields)
     report_times["header"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -366,6 +389,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     tensors: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}
     types: Counter = Counter()
+    checked = 0.0
     for p in plan:
         file, h = owner[p.source]
         try:
@@ -373,9 +397,13 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         except SafetensorError as e:
             raise CheckpointFormatError(file, f"tensor {p.source!r} cannot be read: {e}") from None
         types[str(w.dtype).removeprefix("torch.")] += 1
+        t1 = time.perf_counter()
+        check_finite(file, p.source, w)
+        checked += time.perf_counter() - t1
         _put(file, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
-    report_times["weights"] = time.perf_counter() - t0
+    report_times["weights"] = time.perf_counter() - t0 - checked
+    report_times["finite_check"] = checked
     return model, config, names[0], dict(types)
 
 

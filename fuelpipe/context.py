@@ -249,8 +249,8 @@ class InferenceContext:
             start = 0
         else:
             if not all(hasattr(cache, a) for a in ("cached_len", "max_seq_len", "reserve")):
-                raise InputError(f"generate: cache must be a KV cache (ctx.new_cache(...), pool.sequence(...)), got "
-                                 f"{type(cache).__name__}")
+                raise InputError("generate: cache must be a KV cache (ctx.new_cache(...), pool.sequence(...)), "
+                                 f"got {type(cache).__name__}")
             start = cache.cached_len
         limit = self.model.dims.max_position_embeddings
         if start + need > limit:

@@ -20,7 +20,7 @@ _NONE = type(None)
 
 
 def checked_overrides(config_cls: type, overrides: dict[str, Any], where: str) -> dict[str, Any]:
-    """``overrides`` with numbers normalised to Python ``int``/``float``; raises ``ConfigError`` listing every problem."""
+    """``overrides`` with numbers as Python ``int``/``float``; raises ``ConfigError`` listing every problem."""
     hints = typing.get_type_hints(config_cls)
     names = [f.name for f in dataclasses.fields(config_cls) if f.init]
     out, problems = {}, []
@@ -32,7 +32,8 @@ def checked_overrides(config_cls: type, overrides: dict[str, Any], where: str) -
             continue
         ok, value = _coerce(hints[key], value)
         if not ok:
-            problems.append(f"{where} field {key} must be {_describe(hints[key])}, got {type(value).__name__} {value!r}")
+            problems.append(
+                f"{where} field {key} must be {_describe(hints[key])}, got {type(value).__name__} {value!r}")
         out[key] = value
     if problems:
         raise ConfigError("; ".join(problems))

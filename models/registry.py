@@ -80,7 +80,8 @@ def build_random_model(family_name: str, size: str, *, seed: int = 0, dtype=torc
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ConfigError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+        raise ConfigError(
+            f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:

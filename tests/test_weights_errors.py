@@ -209,9 +209,10 @@ _LLAMA_CFG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_
     ({"max_position_embeddings": [2048]}, "config.json max_position_embeddings=[2048] must be an integer"),
     ({"rms_norm_eps": "x"}, "config.json rms_norm_eps='x' must be a finite number"),
     ({"rms_norm_eps": float("nan")}, "config.json rms_norm_eps=nan must be a finite number"),
-    ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' must be true or false"),  # bool() says True
+    # bool("false") is True:
+    ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' must be true or false"),
     ({"rope_scaling": {"rope_type": "linear"}}, "config.json has no 'rope_scaling.factor'"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "config.json rope_scaling.factor='2' must be a finite"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "rope_scaling.factor='2' must be a finite"),
     ({"rope_scaling": [1]}, "config.json rope_scaling must be an object, got list"),
     ({"architectures": "LlamaForCausalLM"}, "config.json architectures must be a list of names"),
 ])
@@ -230,6 +231,7 @@ def test_a_config_json_that_is_not_an_object_is_refused(tmp_path):
 
 
 def test_a_gguf_metadata_value_of_the_wrong_type_is_refused(tiny, tmp_path):
-    path = write_llama_gguf(tmp_path / "meta.gguf", tiny, edit_meta=lambda w: w.add_float32("llama.rope.dimension_count", 7.5))
+    path = write_llama_gguf(tmp_path / "meta.gguf", tiny,
+                            edit_meta=lambda w: w.add_float32("llama.rope.dimension_count", 7.5))
     with refused(CheckpointConfigError, path, "GGUF metadata llama.rope.dimension_count=7.5 must be an integer"):
         load_model(path)

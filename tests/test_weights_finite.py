@@ -59,3 +59,19 @@ def test_finite_weights_whose_sum_overflows_still_load(tiny, tmp_path):
 def test_the_check_is_reported_in_the_load_timings(tiny, tmp_path):
     _, _, report = load_model(write_llama_gguf(tmp_path / "ok.gguf", tiny))
     assert report.timings_s["finite_check"] >= 0.0 and "finite_check" in report.summary()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_fast_sum_never_misses_and_never_false_alarms(dtype):
+    from fuelpipe.weights.finite import check_finite
+
+    big = torch.full((64,), torch.finfo(dtype).max / 2, dtype=dtype)  # finite, the sum overflows
+    check_finite("f", "big", big)
+    for poison in (float("nan"), float("inf"), -float("inf")):
+        t = big.clone()
+        t[40] = poison
+        with pytest.raises(NonFiniteWeightError, match=r"'t' holds 1 non-finite .* at index \[40\]"):
+            check_finite("f", "t", t)
+    pair = torch.tensor([float("inf"), -float("inf")], dtype=dtype)  # sums to NaN: still two infinities
+    with pytest.raises(NonFiniteWeightError, match="holds 2 non-finite"):
+        check_finite("f", "pair", pair)

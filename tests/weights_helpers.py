@@ -155,7 +155,8 @@ def llama_hf_config(model) -> dict:
     return {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "vocab_size": c.vocab_size,
             "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "num_key_value_heads": c.num_key_value_heads, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
             "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings}
 
 

@@ -64,8 +64,8 @@ class NonFiniteWeightError(WeightsError, ValueError):
     def __init__(self, path: str | Path, tensor: str, count: int, numel: int, first_index: tuple[int, ...],
                  first_value: float) -> None:
         self.tensor, self.count, self.numel, self.first_index = tensor, count, numel, first_index
-        super().__init__(path, f"tensor {tensor!r} holds {count} non-finite value(s) of {numel} (NaN/Inf); the first "
-                               f"is {first_value} at index {list(first_index)}; weights must be finite")
+        super().__init__(path, f"tensor {tensor!r} holds {count} non-finite value(s) of {numel} (NaN/Inf); "
+                               f"the first is {first_value} at index {list(first_index)}; weights must be finite")
 
 
 class TokenizerLoadError(WeightsError, ValueError):

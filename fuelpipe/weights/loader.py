@@ -250,8 +250,8 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     arch = archs[arch_name]
     entry = _family_parts(path, arch, arch_name)
     shapes = {name: info.shape for name, info in f.tensors.items()}
-    fields = _read_config(path, lambda: arch.config_from_gguf(GgufConfigReader(path, arch_name, f.metadata, shapes)),
-                          "the GGUF metadata")
+    reader = GgufConfigReader(path, arch_name, f.metadata, shapes)
+    fields = _read_config(path, lambda: arch.config_from_gguf(reader), "the GGUF metadata")
     config = _build_config(path, entry, fields)
     report_times["header"] = time.perf_counter() - t0
 

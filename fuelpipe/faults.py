@@ -15,3 +15,5 @@ class Fault(enum.Enum):
     IGNORE_ALLOCATION = "ignore_allocation"  # validity ignores alloc_id (reuse across requests)
     REBUILD_EVERY_TOKEN = "rebuild_every_token"  # plan_once silently rebuilds (over-keying)
     NAIVE_DCE = "naive_dce"  # fx pass drops in-place KV writes as dead code
+    STALE_ROPE = "stale_rope"  # a RoPE change never reaches decode: the context keeps its old RoPE tables
+    PARTIAL_REBIND = "partial_rebind"  # rebind_kv commits each slot as it checks it: a refusal leaves it half-rebound

@@ -115,6 +115,8 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         "plan_accounting": OracleConfig(),
         "key_sensitivity": OracleConfig(),
         "request_isolation": OracleConfig(),
+        "cache_lifecycle": OracleConfig(),
+        "rebind_guard": OracleConfig(),
     }
 
 

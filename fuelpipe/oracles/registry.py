@@ -17,6 +17,7 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import key_sensitivity, plan_accounting, plan_vs_replan, request_isolation, vs_reference
+from fuelpipe.oracles import cache_lifecycle, rebind_guard
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from models.registry import did_you_mean
 
@@ -65,6 +66,8 @@ _SPECS = (
         "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
         _plan_once,
     ),
+    OracleSpec("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
+    OracleSpec("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

@@ -127,3 +127,10 @@ def test_paged_truncate_keeps_the_tail_blocks_until_free():
     seq.free()
     assert seq.blocks == [] and seq.pool.free_blocks == free + len(blocks)
     assert bool((seq.block_table() == NULL_BLOCK).all())
+
+
+@pytest.mark.slow
+def test_passes_on_inductor(compose_cfg):
+    """Both offset paths compile (the symbol path dynamically); six compiles, so slow (~45 s)."""
+    result = _run(compose_cfg, "llama", "paged", "backend=inductor")
+    assert result.passed, result.detail

@@ -91,3 +91,9 @@ def test_a_cache_of_another_dtype_is_a_config_error_before_anything_runs(kind):
     assert other.cached_len == 0 and ctx.plan.session is held and ctx.plan.stats.builds == builds
     if kind == "paged":
         assert pool.free_blocks == 5 and other.blocks == []  # no block was taken
+
+
+@pytest.mark.slow
+def test_passes_on_inductor(compose_cfg):
+    result = _run(compose_cfg, "llama", "paged", "backend=inductor")
+    assert result.passed, result.detail

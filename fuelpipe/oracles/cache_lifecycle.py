@@ -132,15 +132,15 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     want_alt = decode_rows(fresh, setup.kv.new_cache(fresh, capacity), prompt, a[:j] + b[:m])
     checks.rows(f"{tag} first pass equals a fresh run", want_alt[: j + 1], first[: j + 1])
 
-    before, refused = _state(cache), []
-    for past in sorted({cache.cached_len + 1, capacity + 1}):
+    before, past, refused = _state(cache), sorted({cache.cached_len + 1, capacity + 1}), []
+    for new_len in past:
         try:
-            cache.truncate_to(past)
+            cache.truncate_to(new_len)
         except KvCapacityError:
-            refused.append(past)
+            refused.append(new_len)
     checks.add(
         f"{tag} truncate past the length refused, nothing changed",
-        len(refused) == len({cache.cached_len + 1, capacity + 1}) and _same_state(_state(cache), before),
+        refused == past and _same_state(_state(cache), before),
         f"cached_len {before[0]}: truncate_to{tuple(refused)} refused, cached_len now {cache.cached_len}",
     )
 

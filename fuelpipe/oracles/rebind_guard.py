@@ -95,11 +95,17 @@ def _paged(block_size: int) -> _Layout:
 
 
 def _layout(inp: OracleInput) -> _Layout:
-    longer = (("max_seq_len + 8", lambda ctx, c: ctx.new_cache(c + 8), STALE),)
     if inp.setup.kv.layout == "paged":
         return _paged(inp.setup.kv.block_size)
+    limit = inp.model.dims.max_position_embeddings
+
+    def others(capacity: int) -> tuple:
+        # another capacity: longer, or one shorter where the model allows no longer one (still room for the run)
+        other = capacity + 8 if capacity + 8 <= limit else capacity - 1
+        return ((f"max_seq_len {other} (held: {capacity})", lambda ctx, c: ctx.new_cache(other), STALE),)
+
     carve = _carve_latent if inp.setup.kv.layout == "latent" else _carve_contiguous
-    return _Layout(_new_cache, lambda capacity: longer, carve)
+    return _Layout(_new_cache, others, carve)
 
 
 def run(inp: OracleInput) -> OracleResult:

@@ -100,7 +100,8 @@ class InferenceContext:
                 f"{(plan.rotary_dim, len(plan.specs), plan.layer_spec)}"
             )
         self._rope_plan = plan
-        self._tables = None
+        if self.plan.fault is not Fault.STALE_ROPE:  # the negative control keeps serving the old rows
+            self._tables = None
 
     def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None:

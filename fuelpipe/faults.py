@@ -16,3 +16,5 @@ class Fault(enum.Enum):
     REBUILD_EVERY_TOKEN = "rebuild_every_token"  # plan_once silently rebuilds (over-keying)
     NAIVE_DCE = "naive_dce"  # fx pass drops in-place KV writes as dead code
     UNSAFE_MASKED_SLOTS = "unsafe_masked_slots"  # masked KV slots reach attention as they are (NaN x 0 = NaN)
+    STALE_ROPE = "stale_rope"  # a RoPE change never reaches decode: the context keeps its old RoPE tables
+    PARTIAL_REBIND = "partial_rebind"  # rebind_kv commits each slot as it checks it: a refusal leaves it half-rebound

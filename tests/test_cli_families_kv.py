@@ -6,6 +6,7 @@ import json
 import pytest
 
 from conftest import CONF, run_cli
+from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.results import schema_problems
 from fuelpipe.runner.job import run_job
 from models.registry import families
@@ -33,14 +34,15 @@ def test_parity_experiment_passes(compose_cfg, model, kv):
     doc = run_job(compose_cfg(overrides))
     assert schema_problems(doc) == []
     assert doc["status"] == "ok", [o["detail"] for o in doc["oracles"] if not o["passed"]]
-    assert len(doc["oracles"]) == 5 and all(o["setup"]["kv"] == kv for o in doc["oracles"])
+    assert len(doc["oracles"]) == len(ORACLES) and all(o["setup"]["kv"] == kv for o in doc["oracles"])
 
 
 def test_multirun_over_all_families_and_kv_strategies(tmp_path):
     """Invalid pairs (latent for non-MLA, contiguous/paged for MLA) are skipped with reasons; the rest pass."""
     sweep = tmp_path / "sweep"
     lean = ["experiment=smoke", "backend=fx", "backend.threads=1", "experiment.bench.tokens=2",
-            *(f"experiment.oracles.{n}.enabled=false" for n in ("key_sensitivity", "request_isolation"))]
+            *(f"experiment.oracles.{n}.enabled=false"
+              for n in ("key_sensitivity", "request_isolation", "cache_lifecycle", "rebind_guard"))]
     proc = run_cli("-m", "hydra/launcher=joblib_local", "model=" + ",".join(TINY), "kv=contiguous,paged,latent",
                    *lean, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

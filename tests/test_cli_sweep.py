@@ -13,7 +13,8 @@ SIZES = "+model.overrides.num_hidden_layers=1,2"
 LEAN = [  # a fast experiment: one oracle, a two-token benchmark, one thread per worker
     "experiment=smoke", "backend.threads=1", "experiment.bench.tokens=2",
     *(f"experiment.oracles.{n}.enabled=false"
-      for n in ("vs_reference", "plan_accounting", "key_sensitivity", "request_isolation")),
+      for n in ("vs_reference", "plan_accounting", "key_sensitivity", "request_isolation", "cache_lifecycle",
+                "rebind_guard")),
 ]
 
 

@@ -87,7 +87,8 @@ def test_a_misspelled_oracle_in_a_preset_is_named(compose_cfg, tmp_path):
     cfg = compose_cfg([f"hydra.searchpath=[file://{tmp_path}]", "experiment=typo"])
     assert validate(cfg) == [
         "unknown oracle in experiment.oracles 'vs_referense'; did you mean 'vs_reference'? "
-        "available: key_sensitivity, plan_accounting, plan_vs_replan, request_isolation, vs_reference"
+        "available: cache_lifecycle, key_sensitivity, plan_accounting, plan_vs_replan, rebind_guard, request_isolation, "
+        "vs_reference"
     ]
 
 

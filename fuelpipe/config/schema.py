@@ -116,6 +116,8 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         "key_sensitivity": OracleConfig(),
         "request_isolation": OracleConfig(),
         "kv_sharing": OracleConfig(),
+        "cache_lifecycle": OracleConfig(),
+        "rebind_guard": OracleConfig(),
     }
 
 

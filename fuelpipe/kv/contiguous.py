@@ -13,6 +13,7 @@ import torch
 
 from fuelpipe.errors import (
     KvByteLengthError,
+    KvCacheError,
     KvCapacityError,
     KvLayerError,
     KvNoCapacityError,
@@ -141,10 +142,21 @@ class ContiguousKvCache:
         self.cached_len = 0
 
     def truncate_to(self, new_len: int) -> None:
-        """Rewind to ``new_len`` positions (speculative rollback); keeps alloc_id."""
+        """Rewind to ``new_len`` positions (speculative rollback); keeps alloc_id and the buffers.
+
+        Only rewinds: a ``new_len`` past ``cached_len`` would claim positions nothing wrote, so it
+        is refused (``KvCapacityError``) and nothing changes. Positions from ``new_len`` on keep
+        their stale contents; the mask hides them until a step overwrites them.
+        """
+        if isinstance(new_len, bool) or not isinstance(new_len, int):
+            raise KvCacheError(f"truncate_to: new_len must be an int, got {type(new_len).__name__} {new_len!r}")
         if new_len < 0:
             raise KvCapacityError(f"truncate_to: new_len must be >= 0, got {new_len}")
-        self.cached_len = min(self.cached_len, new_len)
+        if new_len > self.cached_len:
+            raise KvCapacityError(
+                f"truncate_to: new_len must be <= cached_len {self.cached_len} (truncate only rewinds), got {new_len}"
+            )
+        self.cached_len = new_len
 
     def reserve(self, end: int) -> None:
         """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from fuelpipe.errors import KvCapacityError, KvLayerError
+from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
 from fuelpipe.kv.sizes import check_dtype, check_size
 
@@ -98,9 +98,20 @@ class LatentKvCache:
         self.cached_len = 0
 
     def truncate_to(self, new_len: int) -> None:
+        """Rewind to ``new_len`` positions (speculative rollback); keeps alloc_id and the slots.
+
+        Only rewinds: a ``new_len`` past ``cached_len`` is refused (``KvCapacityError``) and
+        nothing changes; positions from ``new_len`` on are masked until overwritten.
+        """
+        if isinstance(new_len, bool) or not isinstance(new_len, int):
+            raise KvCacheError(f"truncate_to: new_len must be an int, got {type(new_len).__name__} {new_len!r}")
         if new_len < 0:
             raise KvCapacityError(f"truncate_to: new_len must be >= 0, got {new_len}")
-        self.cached_len = min(self.cached_len, new_len)
+        if new_len > self.cached_len:
+            raise KvCapacityError(
+                f"truncate_to: new_len must be <= cached_len {self.cached_len} (truncate only rewinds), got {new_len}"
+            )
+        self.cached_len = new_len
 
     def check_room(self, start: int, n: int) -> None:
         if start < 0 or n < 0 or start + n > self.max_seq_len:

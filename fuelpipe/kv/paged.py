@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.errors import KvCapacityError, KvLayerError
+from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
 from fuelpipe.kv.sizes import check_dtype, check_size
 
@@ -171,9 +171,23 @@ class PagedSequence:
         self.cached_len += n
 
     def truncate_to(self, new_len: int) -> None:
+        """Rewind to ``new_len`` positions (speculative rollback); the pool's alloc_id is kept.
+
+        Only rewinds: a ``new_len`` past ``cached_len`` is refused (``KvCapacityError``) and
+        nothing changes. Blocks wholly past ``new_len`` stay owned by this sequence and stay in
+        its block table: a rollback re-grows into them without allocating (so it cannot run out
+        of blocks half-way), their stale contents are masked until overwritten, and ``free()``
+        returns them to the pool.
+        """
+        if isinstance(new_len, bool) or not isinstance(new_len, int):
+            raise KvCacheError(f"truncate_to: new_len must be an int, got {type(new_len).__name__} {new_len!r}")
         if new_len < 0:
             raise KvCapacityError(f"truncate_to: new_len must be >= 0, got {new_len}")
-        self.cached_len = min(self.cached_len, new_len)
+        if new_len > self.cached_len:
+            raise KvCapacityError(
+                f"truncate_to: new_len must be <= cached_len {self.cached_len} (truncate only rewinds), got {new_len}"
+            )
+        self.cached_len = new_len
 
     def free(self) -> None:
         """Return every block to the pool; the sequence is empty afterwards."""

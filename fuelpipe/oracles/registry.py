@@ -17,10 +17,12 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import (
+    cache_lifecycle,
     key_sensitivity,
     kv_sharing,
     plan_accounting,
     plan_vs_replan,
+    rebind_guard,
     request_isolation,
     vs_reference,
 )
@@ -73,6 +75,8 @@ _SPECS = (
         _plan_once,
     ),
     OracleSpec("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
+    OracleSpec("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
+    OracleSpec("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

@@ -9,6 +9,7 @@ import torch
 from dataclasses import replace
 
 from fuelpipe.errors import PlanError
+from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import StepProgram
 from fuelpipe.step import step_args
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
@@ -59,6 +60,7 @@ class DecodeSession:
         # Everything the key's weight identity names stays alive while the plan is held,
         # so no id or storage address it compares on can be recycled by a newcomer.
         self._weights_pin = weights_pin
+        self._partial_rebind = False  # negative control only (Fault.PARTIAL_REBIND)
 
     # ---- validity -------------------------------------------------------------------------
     @property
@@ -109,11 +111,22 @@ class DecodeSession:
                         )
                     )
                 staged.append(incoming)
+                if self._partial_rebind:  # the fault: commit as checked, so a refusal leaves a half-rebound plan
+                    self._kv_bound[per_layer * layer + which] = incoming
         self._kv_bound = staged
         self._key = _with_alloc(self._key, source.alloc_id)
 
     def bound_kv(self) -> list[torch.Tensor]:
         return list(self._kv_bound)
+
+    def inject_fault(self, fault: Fault) -> None:
+        """Negative controls only: plant a rebind fault into this built session.
+
+        The driver hands a session only ``STALE_OFFSET`` when it builds one, so the
+        ``rebind_guard`` oracle plants ``PARTIAL_REBIND`` here, on the held session it
+        then asks to rebind. Any other fault is ignored.
+        """
+        self._partial_rebind = fault is Fault.PARTIAL_REBIND
 
     def _drop_bound_slot(self, layer: int, which: int) -> None:
         """Test hook: simulate an internal inconsistency (a bound slot gone missing)."""

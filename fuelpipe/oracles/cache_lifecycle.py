@@ -1,0 +1,182 @@
+"""The held plan stays right across cache life-cycle operations, bit-exact against fresh runs.
+
+On the run's KV strategy and on both offset paths (a latent cache has one), one held
+context on one cache goes through, in order:
+
+* first pass: prefill, then N forced tokens; equals a fresh context's run;
+* truncate past the cached length: refused with ``KvCapacityError``, nothing changed;
+* rollback: ``truncate_to(k)`` back into the decoded tokens and re-decode the same tokens
+  gives the first pass's rows again; ``truncate_to(k)`` once more and decode other tokens
+  gives a fresh run of that sequence (the first pass's tail stays in the cache past the
+  new tokens throughout, so a leak of stale KV shows);
+* reset and reuse (a paged sequence: ``free()``, then re-grow from the pool, whose blocks
+  still hold the old tokens): another prompt equals a fresh cache's run;
+* a RoPE change mid-generation: ``set_rope_plan`` with other frequencies and scaling after
+  h tokens of that prompt. Keys already cached keep the rotation they were written with;
+  only new queries and keys use the new rows. So the expectation is a fresh context
+  decoding the first h tokens with the old plan on a fresh cache, then a second fresh context
+  given the new plan continuing on that same cache;
+* clear and reuse (a new allocation, rebound not rebuilt), or for a paged sequence ``free()``
+  and a new sequence on the same pool (same allocation: reused as is): equals a fresh run.
+
+Every scenario also checks plan accounting: plan_once builds once for all of it, rebinds
+only where the allocation changed (clear) and never refuses; replan builds once per decode
+token. The negative control injects STALE_ROPE (a RoPE change never reaches decode).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from fuelpipe.backbone import OFFSET_MODES
+from fuelpipe.driver import PlanMode, step_kind_for
+from fuelpipe.errors import KvCapacityError
+from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
+from fuelpipe.oracles.checks import Checks, accounting, decode_rows, forced_tokens
+from fuelpipe.plan.validity import PlanValidity
+from fuelpipe.rope import RopePlan, RopeScaling
+
+MIN_TOKENS, MAX_TOKENS = 3, 6  # forced decode tokens per pass: enough for every scenario, few enough to stay cheap
+
+
+def run(inp: OracleInput) -> OracleResult:
+    vocab = inp.model.dims.vocab_size
+    n = min(max(inp.new_tokens - 1, MIN_TOKENS), MAX_TOKENS)
+    prompt = list(inp.prompts[0])
+    other = list(inp.prompts[1]) if len(inp.prompts) > 1 else [(t + 1) % vocab for t in prompt]
+    capacity = max(inp.max_seq_len, max(len(prompt), len(other)) + n)
+    checks = Checks()
+    paths = _offset_paths(inp, capacity)
+    for mode, kind in paths:
+        _scenarios(inp, inp.setup.with_changes(offset_mode=mode), kind, prompt, other, n, capacity, checks)
+    ran = (f"{inp.setup.kv.layout} cache, {inp.setup.plan.value}, {n} forced tokens per pass, step path(s) "
+           + ", ".join(kind for _, kind in paths))
+    return checks.result("cache_lifecycle", ran)
+
+
+def _offset_paths(inp: OracleInput, capacity: int) -> list[tuple[str, str]]:
+    """(offset mode, step kind) pairs to run: the setup's own path, or both when it names none."""
+    if inp.setup.offset_mode is not None:
+        modes = [inp.setup.offset_mode]
+    else:
+        modes = [inp.model.offset_mode] + [m for m in OFFSET_MODES if m != inp.model.offset_mode]
+    probe = inp.setup.kv.new_cache(inp.setup.context(inp.model), capacity)
+    kinds: dict[str, str] = {}
+    for mode in modes:  # a latent cache has one step whatever the offset mode: run it once
+        kinds.setdefault(step_kind_for(probe, mode), mode)
+    return [(mode, kind) for kind, mode in kinds.items()]
+
+
+def _changed_rope(plan: RopePlan) -> RopePlan:
+    """Other frequencies and scaling, same rotated width and per-layer map (what set_rope_plan allows)."""
+    scaled = RopeScaling("linear", 2.0)
+    return RopePlan(tuple(replace(s, theta=s.theta * 4.0, scaling=scaled) for s in plan.specs), plan.layer_spec)
+
+
+def _state(cache) -> tuple:
+    """What a refused operation must leave as it was: length, allocation, owned bytes, block table."""
+    table = cache.block_table()
+    return cache.cached_len, cache.alloc_id, cache.nbytes(), None if table is None else table.clone()
+
+
+def _same_state(a: tuple, b: tuple) -> bool:
+    tables_equal = (a[3] is None and b[3] is None) or (
+        a[3] is not None and b[3] is not None and torch.equal(a[3], b[3])
+    )
+    return a[:3] == b[:3] and tables_equal
+
+
+# How each cache kind is reset for a new conversation, and how it is cleared and reused:
+# (label, operation returning the cache to use next, rebinds that reuse costs under plan_once).
+_RESET: dict[str, tuple[str, Callable]] = {"paged": ("free()", lambda c: c.free())}
+_DEFAULT_RESET = ("reset()", lambda c: c.reset())
+_REUSE: dict[str, tuple[str, Callable, int]] = {
+    "paged": ("free() and a new sequence on the same pool", lambda c: (c.free(), c.pool.sequence(c.max_blocks_cap))[1], 0),
+}
+_DEFAULT_REUSE = ("clear()", lambda c: (c.clear(), c)[1], 1)
+
+
+def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int, capacity: int, checks: Checks) -> None:
+    model = inp.model
+    vocab = model.dims.vocab_size
+    a, b, d = (forced_tokens(vocab, n, seed) for seed in (11, 12, 13))
+    j = h = n // 2  # rows kept by the rollback; tokens decoded before the RoPE change
+    m = n - j - 1  # replacement tokens: the first pass's last position stays stale past all of them
+    tag = f"[{kind}]"
+    held = setup.context(model, fault=inp.fault)
+    stats = held.plan.stats
+    once = held.plan.mode is PlanMode.PLAN_ONCE
+    decoded = [0]
+
+    def held_rows(cache, start, tokens):
+        decoded[0] += len(tokens)
+        return decode_rows(held, cache, start, tokens)
+
+    def account(scenario: str, rebinds: int) -> None:
+        if once:
+            ok = stats.builds == 1 and stats.rebinds == rebinds and stats.last_validity is PlanValidity.VALID
+            want = f"builds=1 rebinds={rebinds} validity=valid"
+        else:
+            ok = stats.builds == decoded[0] and stats.rebinds == 0
+            want = f"builds={decoded[0]} rebinds=0"
+        ok = ok and not stats.refusals
+        checks.add(f"{tag} plan accounting after {scenario}", ok, f"{accounting(stats)}, expected {want}")
+
+    cache = setup.kv.new_cache(held, capacity)
+    first = held_rows(cache, prompt, a)  # n + 1 rows
+    # The expectation: fresh caches, each written once from empty. One context serves two of them
+    # (the second is a rebind, checked by rebind_guard), a second one the new RoPE plan.
+    fresh = setup.context(model)
+    want_alt = decode_rows(fresh, setup.kv.new_cache(fresh, capacity), prompt, a[:j] + b[:m])
+    checks.rows(f"{tag} first pass equals a fresh run", want_alt[: j + 1], first[: j + 1])
+
+    before, past, refused = _state(cache), sorted({cache.cached_len + 1, capacity + 1}), []
+    for new_len in past:
+        try:
+            cache.truncate_to(new_len)
+        except KvCapacityError:
+            refused.append(new_len)
+    checks.add(
+        f"{tag} truncate past the length refused, nothing changed",
+        refused == past and _same_state(_state(cache), before),
+        f"cached_len {before[0]}: truncate_to{tuple(refused)} refused, cached_len now {cache.cached_len}",
+    )
+
+    k = len(prompt) + j
+    cache.truncate_to(k)
+    again = held_rows(cache, None, a[j:])
+    checks.rows(f"{tag} truncate_to({k}) and re-decode the same tokens equals the first pass", first[j + 1 :], again)
+    cache.truncate_to(k)
+    alt = held_rows(cache, None, b[:m])
+    checks.rows(
+        f"{tag} truncate_to({k}) and decode other tokens equals a fresh run (the stale tail never leaks)",
+        want_alt[j + 1 :], alt,
+    )
+    account("truncate and rollback", 0)
+
+    reset_name, reset = _RESET.get(cache.step_kind, _DEFAULT_RESET)
+    reset(cache)
+    changed = _changed_rope(model.rope_plan)
+    got = held_rows(cache, other, d[:h])
+    held.set_rope_plan(changed)
+    got += held_rows(cache, None, d[h:])
+    expected_cache = setup.kv.new_cache(fresh, capacity)
+    want = decode_rows(fresh, expected_cache, other, d[:h])
+    new_ctx = setup.context(model)
+    new_ctx.set_rope_plan(changed)  # set before its first step: a fresh context given the new plan
+    want += decode_rows(new_ctx, expected_cache, None, d[h:])
+    checks.rows(f"{tag} {reset_name} and reuse for another prompt equals a fresh cache", want[: h + 1], got[: h + 1])
+    checks.rows(
+        f"{tag} RoPE change after {h} tokens equals a fresh context given the new RoPE plan",
+        want[h + 1 :], got[h + 1 :],
+    )
+    account(f"{reset_name} and a RoPE change", 0)
+    held.set_rope_plan(model.rope_plan)
+
+    reuse_name, reuse, rebinds = _REUSE.get(cache.step_kind, _DEFAULT_REUSE)
+    cache = reuse(cache)
+    got = held_rows(cache, prompt, a[:j] + b[:m])
+    checks.rows(f"{tag} {reuse_name} and reuse equals a fresh run", want_alt, got)
+    account(reuse_name, rebinds)

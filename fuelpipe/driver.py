@@ -109,6 +109,7 @@ def build_session(
         step_kind,
         stale_offset=fault is Fault.STALE_OFFSET,
         weights_pin=pin_weights(backbone),
+        partial_rebind=fault is Fault.PARTIAL_REBIND,
     )
 
 

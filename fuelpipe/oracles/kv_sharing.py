@@ -21,7 +21,6 @@ attention as they are), so the poison reaches the logits.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 

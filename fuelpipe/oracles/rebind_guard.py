@@ -139,7 +139,6 @@ def run(inp: OracleInput) -> OracleResult:
 
     # (c) a rebind refused half-way leaves the session exactly as it was.
     session = held.plan.session
-    session.inject_fault(inp.fault)  # negative control only; a no-op for any other fault
     half = layout.base(held, capacity)
     layout.carve_last_slot(half)
     bound, key = session.bound_kv(), session.key

@@ -9,7 +9,6 @@ import torch
 from dataclasses import replace
 
 from fuelpipe.errors import PlanError
-from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import StepProgram
 from fuelpipe.step import step_args
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
@@ -46,6 +45,7 @@ class DecodeSession:
         *,
         stale_offset: bool = False,
         weights_pin: Optional[WeightsPin] = None,
+        partial_rebind: bool = False,
     ) -> None:
         self.program = program
         self._key = key
@@ -60,7 +60,7 @@ class DecodeSession:
         # Everything the key's weight identity names stays alive while the plan is held,
         # so no id or storage address it compares on can be recycled by a newcomer.
         self._weights_pin = weights_pin
-        self._partial_rebind = False  # negative control only (Fault.PARTIAL_REBIND)
+        self._partial_rebind = partial_rebind  # negative control only (Fault.PARTIAL_REBIND)
 
     # ---- validity -------------------------------------------------------------------------
     @property
@@ -118,15 +118,6 @@ class DecodeSession:
 
     def bound_kv(self) -> list[torch.Tensor]:
         return list(self._kv_bound)
-
-    def inject_fault(self, fault: Fault) -> None:
-        """Negative controls only: plant a rebind fault into this built session.
-
-        The driver hands a session only ``STALE_OFFSET`` when it builds one, so the
-        ``rebind_guard`` oracle plants ``PARTIAL_REBIND`` here, on the held session it
-        then asks to rebind. Any other fault is ignored.
-        """
-        self._partial_rebind = fault is Fault.PARTIAL_REBIND
 
     def _drop_bound_slot(self, layer: int, which: int) -> None:
         """Test hook: simulate an internal inconsistency (a bound slot gone missing)."""

@@ -15,3 +15,9 @@ class Fault(enum.Enum):
     IGNORE_ALLOCATION = "ignore_allocation"  # validity ignores alloc_id (reuse across requests)
     REBUILD_EVERY_TOKEN = "rebuild_every_token"  # plan_once silently rebuilds (over-keying)
     NAIVE_DCE = "naive_dce"  # fx pass drops in-place KV writes as dead code
+    # RoPE inverse frequencies theta ** -(i / d) instead of theta ** -(2i / d), planted in fuelpipe.rope, which the
+    # decode path and every family's own reference share (so vs_reference cannot see it); see oracles/planted.py
+    ROPE_FREQ_EXPONENT = "rope_freq_exponent"
+    # The split-GEMV pass fills each part with every P-th output row but assembles the parts as blocks
+    # (outputs permuted); only matrices big enough to split see it, which no tiny model has
+    SPLIT_PARTS_INTERLEAVED = "split_parts_interleaved"

@@ -115,6 +115,9 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         "plan_accounting": OracleConfig(),
         "key_sensitivity": OracleConfig(),
         "request_isolation": OracleConfig(),
+        # The transformers twin; skipped, with the reason, when transformers is not installed.
+        "vs_transformers": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
+        "config_variants": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
     }
 
 

@@ -17,6 +17,7 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import key_sensitivity, plan_accounting, plan_vs_replan, request_isolation, vs_reference
+from fuelpipe.oracles import config_variants, vs_transformers
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from models.registry import did_you_mean
 
@@ -65,6 +66,17 @@ _SPECS = (
         "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
         _plan_once,
     ),
+)
+
+
+def _fx_passes(setup: Setup) -> Setup:
+    """SPLIT_PARTS_INTERLEAVED is an fx pass: eager runs none, so its control runs on fx (inductor keeps its own)."""
+    return setup.with_backend("fx") if setup.backend.name == "eager" else setup
+
+
+_SPECS += (
+    OracleSpec("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
+    OracleSpec("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

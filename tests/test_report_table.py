@@ -16,7 +16,8 @@ from fuelpipe.results import write_results
 from fuelpipe.runner.job import run_job
 
 LEAN = [*FAST, "experiment=smoke", "experiment.bench.tokens=2",
-        *(f"experiment.oracles.{n}.enabled=false" for n in ("vs_reference", "key_sensitivity", "request_isolation"))]
+        *(f"experiment.oracles.{n}.enabled=false" for n in ("vs_reference", "key_sensitivity", "request_isolation",
+                                                           "vs_transformers", "config_variants"))]
 
 
 @pytest.fixture(scope="module")

@@ -242,10 +242,13 @@ def load_into_hf(hf: torch.nn.Module, model: torch.nn.Module) -> None:
 
 
 def twin_of(model) -> torch.nn.Module:
-    """The transformers twin of a fuelpipe model: its config, its weights, its dtype and device."""
-    p = next(model.parameters())
-    hf = hf_model(model.family, model.config, init_weights=False).to(p.device)
-    for param in hf.parameters():  # parameters only: RoPE buffers stay f32, as transformers computes them
-        param.data = param.data.to(p.dtype)
+    """The transformers twin of a fuelpipe model: its config, its weights, on its device, computing in float32.
+
+    A bfloat16 model's weights upcast to float32 exactly, so the twin computes the exact math of the very
+    same weights and a comparison measures the fuelpipe side's rounding alone (a bfloat16 twin would add
+    its own, about as large, on a real checkpoint).
+    """
+    device = next(model.parameters()).device
+    hf = hf_model(model.family, model.config, init_weights=False).to(device=device, dtype=torch.float32)
     load_into_hf(hf, model)
     return hf

@@ -4,7 +4,8 @@
 reference, so a bug both share (RoPE frequency or scaling math, which layers
 slide, how a config field is read) is invisible to it. Here the twin is built
 by transformers from the run's config (``hf_twin``: transformers derives the
-layer kinds, windows and RoPE frequencies itself) with the same weights, and
+layer kinds, windows and RoPE frequencies itself) with the same weights
+(computing in float32, so a bfloat16 run is measured against exact math), and
 one full forward over the generated sequence is compared with the decode
 path's logits, greedy tokens forced as in ``vs_reference``. The tolerance is
 per model dtype (experiment.oracles.vs_transformers.tolerance), scaled by the

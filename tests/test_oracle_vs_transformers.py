@@ -126,3 +126,12 @@ def test_gate_configs_cross_every_window_with_each_layer_kind(compose_cfg, model
     assert set(layer_kinds(twin)) == kinds
     positions = len(cfg.experiment.prompts[0]) + cfg.experiment.new_tokens
     assert positions > 3 * twin.sliding_window  # several window boundaries crossed
+
+
+def test_a_config_the_twin_cannot_express_is_skipped_with_the_reason(compose_cfg, monkeypatch):
+    def inexpressible(theta, scaling=None, **extra):
+        raise hf_twin.TwinError("RoPE scaling kind 'yarn' has no transformers rope_type mapping")
+
+    monkeypatch.setattr(hf_twin, "rope_parameters", inexpressible)
+    result = _run(compose_cfg, "llama_tiny", "contiguous", "vs_transformers")
+    assert result.skipped and not result.passed and "no faithful transformers twin" in result.detail

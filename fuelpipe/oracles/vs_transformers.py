@@ -11,10 +11,11 @@ path's logits, greedy tokens forced as in ``vs_reference``. The tolerance is
 per model dtype (experiment.oracles.vs_transformers.tolerance), scaled by the
 largest twin logit beyond magnitude 1, as in ``vs_reference``.
 
-Without transformers (or for a family with no twin) the result is *skipped*,
-with the reason: never a pass it did not check. The negative control plants
-ROPE_FREQ_EXPONENT in ``fuelpipe.rope``, shared by the decode path and every
-family's reference (``vs_reference`` still passes under it).
+Without transformers (or for a family, or a config value, with no twin) the
+result is *skipped*, with the reason: never a pass it did not check. The
+negative control plants ROPE_FREQ_EXPONENT in ``fuelpipe.rope``, shared by
+the decode path and every family's reference (``vs_reference`` still passes
+under it).
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def run(inp: OracleInput) -> OracleResult:
     reason = hf_twin.unavailable_reason(family)
     if reason is not None:
         return skipped(NAME, reason, inp.tolerance)
+    try:
+        hf_twin.hf_config(family, inp.model.config)
+    except hf_twin.TwinError as err:  # a config value transformers cannot express: nothing to compare against
+        return skipped(NAME, f"no faithful transformers twin of this {family} config: {err}", inp.tolerance)
     prompt = list(inp.prompts[0])
     with planted(inp.fault):
         ctx = inp.setup.context(inp.model, fault=inp.fault)
@@ -51,7 +56,7 @@ def run(inp: OracleInput) -> OracleResult:
         want = list(twin(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 :].float())
     scale = max(1.0, max(float(row.abs().max()) for row in want))
     allowed = inp.tolerance * scale
-    worst, first = compare(want, [row.float() for row in got], atol=allowed)
+    worst, first = compare(want, got, atol=allowed)
     kinds = sorted(set(layer_kinds(twin.config)))
     return OracleResult(
         name=NAME,

@@ -57,9 +57,8 @@ def test_negative_control_fails_where_the_tiny_gate_passes(compose_cfg, model, k
     asm = assemble(blind_cfg)
     faulty = dataclasses.replace(asm.setup.backend, fx_passes=passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_PASSES))
     asm = dataclasses.replace(asm, setup=asm.setup.with_changes(backend=faulty))
-    for name in ("vs_reference", "plan_vs_replan"):
-        blind = run_one(blind_cfg, asm, ORACLES[name])
-        assert blind.passed, f"{name} on the tiny model was expected to miss the split fault: {blind.detail}"
+    blind = run_one(blind_cfg, asm, ORACLES["vs_reference"])
+    assert blind.passed, f"vs_reference on the tiny model was expected to miss the split fault: {blind.detail}"
 
 
 def test_eager_runs_the_variants_unsplit_and_says_so(compose_cfg):

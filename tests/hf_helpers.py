@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from fuelpipe.oracles.hf_twin import TWINS as HF_TWINS, hf_config, hf_model, load_from_hf  # noqa: F401 (re-exported)
+from fuelpipe.oracles.hf_twin import TWINS as HF_TWINS, hf_config, hf_model, load_from_hf
 from models.registry import build_config, family
+
+__all__ = ["HF_TWINS", "build_pair", "hf_config", "hf_logits_growing", "hf_model", "load_from_hf", "randomize_hf"]
 
 
 @torch.no_grad()

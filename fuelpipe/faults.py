@@ -18,3 +18,9 @@ class Fault(enum.Enum):
     UNSAFE_MASKED_SLOTS = "unsafe_masked_slots"  # masked KV slots reach attention as they are (NaN x 0 = NaN)
     STALE_ROPE = "stale_rope"  # a RoPE change never reaches decode: the context keeps its old RoPE tables
     PARTIAL_REBIND = "partial_rebind"  # rebind_kv commits each slot as it checks it: a refusal leaves it half-rebound
+    # RoPE inverse frequencies theta ** -(i / d) instead of theta ** -(2i / d), planted in fuelpipe.rope, which the
+    # decode path and every family's own reference share (so vs_reference cannot see it); see oracles/planted.py
+    ROPE_FREQ_EXPONENT = "rope_freq_exponent"
+    # The split-GEMV pass fills each part with every P-th output row but assembles the parts as blocks
+    # (outputs permuted); only matrices big enough to split see it, which no tiny model has
+    SPLIT_PARTS_INTERLEAVED = "split_parts_interleaved"

@@ -62,8 +62,11 @@ def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str,
     for (path, doc), label in zip(found, labels):
         bench = doc["bench"] or {}
         oracles = doc["oracles"]
-        failed = [o["name"] for o in oracles if not o["passed"]]
-        notes = "; ".join(doc["reasons"]) if doc["reasons"] else ("failed: " + ", ".join(failed) if failed else "")
+        failed = [o["name"] for o in oracles if not o["passed"] and not o.get("skipped", False)]
+        skipped = [o["name"] for o in oracles if o.get("skipped", False)]
+        notes = "; ".join(doc["reasons"]) if doc["reasons"] else "; ".join(
+            ([f"failed: {', '.join(failed)}"] if failed else []) + ([f"skipped: {', '.join(skipped)}"] if skipped else [])
+        )
         out.append({
             "combination": label,
             "status": doc["status"],
@@ -73,7 +76,7 @@ def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str,
             "replan_over_plan_once": bench.get("replan_over_plan_once"),
             "plan_build_ms": bench.get("plan_build_ms"),
             "tokens_per_s": bench.get("tokens_per_s"),
-            "oracles_passed": f"{len(oracles) - len(failed)}/{len(oracles)}",
+            "oracles_passed": f"{sum(bool(o['passed']) for o in oracles)}/{len(oracles)}",
             "notes": notes,
             "path": str(path.parent.relative_to(root)) if path.is_relative_to(root) else str(path.parent),
         })

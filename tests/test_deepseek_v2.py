@@ -19,24 +19,11 @@ STEPS = 32
 
 def hf_twin(config):
     """A transformers DeepseekV2ForCausalLM with random weights (random norms too), and our copy of it."""
-    transformers = pytest.importorskip("transformers", reason="transformers is the external oracle (test extra)")
-    c = config
-    hf_cfg = transformers.DeepseekV2Config(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        moe_intermediate_size=c.moe_intermediate_size or 1, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_attention_heads,
-        n_shared_experts=c.n_shared_experts or 1, n_routed_experts=c.n_routed_experts or 1,
-        num_experts_per_tok=c.num_experts_per_tok or 1, routed_scaling_factor=c.routed_scaling_factor,
-        first_k_dense_replace=c.first_k_dense_replace if c.n_routed_experts else c.num_hidden_layers,
-        kv_lora_rank=c.kv_lora_rank, q_lora_rank=c.q_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
-        qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim, topk_method="greedy",
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, tie_word_embeddings=False,
-        attention_bias=False,
-    )
-    hf_cfg._attn_implementation = "eager"
+    pytest.importorskip("transformers", reason="transformers is the external oracle (test extra)")
+    from fuelpipe.oracles.hf_twin import hf_model, load_from_hf
+
     torch.manual_seed(0)
-    hf = transformers.DeepseekV2ForCausalLM(hf_cfg).eval()
+    hf = hf_model("deepseek_v2", config)
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if "norm" in name:
@@ -44,9 +31,7 @@ def hf_twin(config):
             else:
                 p.copy_(0.05 * torch.randn_like(p))
     ours = DeepseekV2Model(config)
-    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
-    missing, unexpected = ours.load_state_dict(state, strict=False)
-    assert not missing and not unexpected, (missing, unexpected)
+    load_from_hf(ours, hf)
     return hf, ours
 
 

@@ -31,7 +31,7 @@ def _valid_doc():
     bench = {k: 1.0 for k in BENCH_KEYS}
     bench.update(plan_mode="plan_once", cache_policy="warm", plan_builds=1, tokens=4, warmup=1, kv_bytes=8)
     oracle = {"name": "plan_vs_replan", "passed": True, "metric": {}, "tolerance": 0.0, "detail": "",
-              "negative_control": False, "fault": "none", "seconds": 0.1, "setup": {}}
+              "negative_control": False, "fault": "none", "seconds": 0.1, "setup": {}, "skipped": False}
     env = {"fuelpipe": "0", "torch": "2", "python": "3", "platform": "x", "device": "cpu", "threads": 1, "git": None}
     return results_doc("ok", config={"experiment": {"name": "t"}}, env=env, oracles=[oracle], bench=bench)
 
@@ -46,6 +46,7 @@ def test_a_conforming_document_has_no_problems():
     (lambda d: d.update(passed=False), "passed=False contradicts status='ok'"),
     (lambda d: d["oracles"][0].pop("tolerance"), "oracles[0].tolerance is missing"),
     (lambda d: d["oracles"][0].update(passed=1), "oracles[0].passed must be bool"),
+    (lambda d: d["oracles"][0].update(skipped=True), "oracles[0]: skipped and passed contradict each other"),
     (lambda d: d["bench"].pop("replan_over_plan_once"), "bench.replan_over_plan_once is missing"),
     (lambda d: d["bench"].update(tokens=True), "bench.tokens must be int, got bool"),
     (lambda d: d["env"].pop("git"), "env.git is missing"),

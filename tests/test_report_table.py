@@ -17,7 +17,8 @@ from fuelpipe.runner.job import run_job
 
 LEAN = [*FAST, "experiment=smoke", "experiment.bench.tokens=2",
         *(f"experiment.oracles.{n}.enabled=false"
-          for n in ("vs_reference", "key_sensitivity", "request_isolation", "cache_lifecycle", "rebind_guard"))]
+          for n in ("vs_reference", "key_sensitivity", "request_isolation", "cache_lifecycle", "rebind_guard",
+                    "kv_sharing", "vs_transformers", "config_variants"))]
 
 
 @pytest.fixture(scope="module")

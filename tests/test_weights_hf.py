@@ -36,7 +36,7 @@ def test_every_family_loads_from_a_transformers_directory_exactly(family_name, t
     ours, hf = build_pair(family_name, seed=11)
     model, tok, report = load_model(save(hf, tmp_path))
     assert type(model) is type(ours) and tok is None and report.format == "safetensors"
-    assert report.architecture == HF_TWINS[family_name].model_cls.__name__
+    assert report.architecture == HF_TWINS[family_name].architecture
     assert model.mask_plan == ours.mask_plan and model.rope_plan == ours.rope_plan
     got, want = model.state_dict(), ours.state_dict()
     assert got.keys() == want.keys()

@@ -72,6 +72,7 @@ def write_llama_gguf(
     def meta(w):
         _common_meta(w, c)
         w.add_rope_dimension_count(c.resolved_head_dim)
+        _rope_scaling_meta(w, c)
         if edit_meta is not None:
             edit_meta(w)
 
@@ -104,11 +105,18 @@ def write_gemma3_gguf(path: Path, model, *, tensors: Optional[dict[str, np.ndarr
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
         w.add_sliding_window(c.sliding_window)
-        if c.rope_scaling.kind == "linear":
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(c.rope_scaling.factor)
+        _rope_scaling_meta(w, c)
 
     return _write(path, "gemma3", c.vocab_size, meta, tensors if tensors is not None else gemma3_gguf_tensors(model))
+
+
+def _rope_scaling_meta(w, c) -> None:
+    """Linear scaling, the one kind GGUF metadata carries here; anything else cannot be written faithfully."""
+    if c.rope_scaling.kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(c.rope_scaling.factor)
+    elif c.rope_scaling.kind != "none":
+        raise ValueError(f"a GGUF file cannot carry rope scaling {c.rope_scaling.kind!r}")
 
 
 def _common_meta(w, c) -> None:

@@ -118,6 +118,9 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         "kv_sharing": OracleConfig(),
         "cache_lifecycle": OracleConfig(),
         "rebind_guard": OracleConfig(),
+        # The transformers twin; skipped, with the reason, when transformers is not installed.
+        "vs_transformers": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
+        "config_variants": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
     }
 
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from fuelpipe.config.keys import unknown_keys
 from fuelpipe.config.schema import Device, KvLayout, PlanModeName, Weights
 from fuelpipe.errors import ConfigError
-from fuelpipe.plan.fx_passes import PASSES
+from fuelpipe.plan.fx_passes import NEGATIVE_CONTROL_PASSES, PASSES
 from models.registry import build_config, did_you_mean, families
 
 NOT_YET = "is not implemented yet (CUDA graph capture is not built; see README 'Known limits')"
@@ -165,6 +165,9 @@ def _backend(b: DictConfig) -> list[str]:
             reasons.append(did_you_mean("backend.fx_passes entry", name, PASSES))
         elif name == "naive_eliminate_dead_code":
             reasons.append("backend.fx_passes: naive_eliminate_dead_code drops KV writes; it exists only "
+                           "as a negative control (experiment.negative_control)")
+        elif name in NEGATIVE_CONTROL_PASSES:
+            reasons.append(f"backend.fx_passes: {name} is a deliberately wrong pass; it exists only "
                            "as a negative control (experiment.negative_control)")
     if b.threads is not None and b.threads < 1:
         reasons.append(f"backend.threads must be >= 1, got {b.threads}")

@@ -69,9 +69,21 @@ class OracleResult:
     fault: str = Fault.NONE.value
     seconds: float = 0.0
     setup: dict[str, Any] = field(default_factory=dict)
+    # Nothing was checked (for example transformers is not installed); ``detail`` says why. A skipped
+    # result is never a pass (``passed`` is False) and never a failure (it does not fail the run).
+    skipped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.skipped and self.passed:
+            raise ValueError(f"oracle {self.name}: a skipped result cannot also be passed")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def skipped(name: str, reason: str, tolerance: Optional[float] = None) -> OracleResult:
+    """The result of an oracle that could not check anything here, with the reason."""
+    return OracleResult(name, False, {}, tolerance, f"skipped: {reason}", skipped=True)
 
 
 def forced_logits(

@@ -18,6 +18,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import (
     cache_lifecycle,
+    config_variants,
     key_sensitivity,
     kv_sharing,
     plan_accounting,
@@ -25,6 +26,7 @@ from fuelpipe.oracles import (
     rebind_guard,
     request_isolation,
     vs_reference,
+    vs_transformers,
 )
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from models.registry import did_you_mean
@@ -62,6 +64,11 @@ def _plan_once(setup: Setup) -> Setup:
     return setup.with_changes(plan=PlanMode.PLAN_ONCE)
 
 
+def _fx_passes(setup: Setup) -> Setup:
+    """SPLIT_PARTS_INTERLEAVED is an fx pass: eager runs none, so its control runs on fx (inductor keeps its own)."""
+    return setup.with_backend("fx") if setup.backend.name == "eager" else setup
+
+
 _SPECS = (
     OracleSpec("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
     OracleSpec(
@@ -77,6 +84,8 @@ _SPECS = (
     OracleSpec("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
     OracleSpec("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
     OracleSpec("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
+    OracleSpec("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
+    OracleSpec("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

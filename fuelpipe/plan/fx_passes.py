@@ -21,7 +21,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuelpipe.plan.split_gemv import split_weight, worth_splitting  # also registers torch.ops.fuelpipe.split_gemv
+from fuelpipe.faults import Fault
+from fuelpipe.plan.split_gemv import (  # also registers torch.ops.fuelpipe.split_gemv
+    split_weight, split_weight_interleaved, worth_splitting,
+)
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -102,13 +105,22 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
     The replaced linears (including fused ones) are dropped from the graph module, so the
     plan holds one copy of each weight, not two.
     """
+    return _split_linears(gm, split_weight)
+
+
+def split_linears_across_threads_interleaved(gm: fx.GraphModule) -> int:
+    """The Fault.SPLIT_PARTS_INTERLEAVED negative control: parts filled strided, assembled as blocks."""
+    return _split_linears(gm, split_weight_interleaved)
+
+
+def _split_linears(gm: fx.GraphModule, splitter) -> int:
     parts = torch.get_num_threads()
     split = 0
     for node in list(gm.graph.nodes):
         lin = _linear_of(gm, node)
         if lin is None or len(node.args) != 1 or node.kwargs or not worth_splitting(lin.weight, parts):
             continue
-        w, cols = split_weight(lin.weight.detach(), parts)
+        w, cols = splitter(lin.weight.detach(), parts)
         name = f"split_weight_{split}"
         gm.register_buffer(name, w)
         with gm.graph.inserting_before(node):
@@ -134,4 +146,19 @@ PASSES = {
     "split_linears_across_threads": split_linears_across_threads,
     "eliminate_dead_code_keeping_writes": eliminate_dead_code_keeping_writes,
     "naive_eliminate_dead_code": naive_eliminate_dead_code,
+    "split_linears_across_threads_interleaved": split_linears_across_threads_interleaved,
 }
+# Negative controls only: the faulty pass each fault swaps in for a correct one. Never in a normal config.
+FAULTY_PASSES = {
+    Fault.NAIVE_DCE: ("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),
+    Fault.SPLIT_PARTS_INTERLEAVED: ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
+}
+NEGATIVE_CONTROL_PASSES = frozenset(faulty for _, faulty in FAULTY_PASSES.values())
+
+
+def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
+    """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
+    if fault not in FAULTY_PASSES:
+        return tuple(passes)
+    correct, faulty = FAULTY_PASSES[fault]
+    return tuple(faulty if p == correct else p for p in passes)

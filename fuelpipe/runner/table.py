@@ -39,10 +39,10 @@ def render(doc: dict[str, Any]) -> str:
     if doc["oracles"]:
         lines.append(f"{'oracle':<18} {'result':<6} {'metric':<44} tolerance")
         for o in doc["oracles"]:
-            verdict = "PASS" if o["passed"] else "FAIL"
+            verdict = verdict_of(o)
             control = f" [negative control: {o['fault']}]" if o["negative_control"] else ""
             lines.append(f"{o['name']:<18} {verdict:<6} {_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}")
-            if not o["passed"]:
+            if not o["passed"]:  # a failure says what diverged, a skip why nothing was checked
                 lines.append(f"{'':<25}{o['detail']}")
     bench = doc["bench"]
     if bench:
@@ -88,6 +88,11 @@ def _composed(m: dict[str, Any]) -> str:
     if m.get("weights") in ("gguf", "hf_dir") and m.get("path"):
         return f"{m['weights']} {m['path']}"
     return f"{m['family']} {m['size']}"
+def verdict_of(oracle: dict[str, Any]) -> str:
+    """PASS, FAIL, or SKIP (the oracle checked nothing; never counted as a pass)."""
+    if oracle.get("skipped", False):
+        return "SKIP"
+    return "PASS" if oracle["passed"] else "FAIL"
 
 
 def _metric(metric: dict[str, Any]) -> str:

@@ -67,11 +67,13 @@ class DeepseekV2Config:
 
 
 def deepseek_v2_tiny(**overrides) -> DeepseekV2Config:
-    """Two layers, the second a 4-expert MoE (top-2, one shared expert), q_lora_rank set."""
+    """Two layers, the second a 4-expert MoE (top-2, one shared expert), q_lora_rank set, and llama3 RoPE scaling
+    whose original context (64) puts the 8-wide RoPE key's frequencies in all three bands."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                 moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-                routed_scaling_factor=1.0, first_k_dense_replace=1, max_position_embeddings=512)
+                routed_scaling_factor=1.0, first_k_dense_replace=1, max_position_embeddings=512,
+                rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
     return DeepseekV2Config(**{**base, **overrides})
 
 

@@ -50,8 +50,11 @@ class LlamaConfig:
 
 
 def llama_tiny(**overrides) -> LlamaConfig:
+    """Test geometry: two layers, d=64, vocab 256, with linear RoPE scaling so the scaling is load-bearing
+    (linear is what a GGUF file can carry; qwen3_tiny and deepseek_v2_tiny exercise llama3 scaling)."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                rope_scaling=RopeScaling("linear", 2.0))
     return LlamaConfig(**{**base, **overrides})
 
 

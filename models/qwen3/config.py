@@ -80,11 +80,16 @@ class Qwen3Config:
         )
 
 
+# Llama-3.1 scaling shrunk to a test model: wavelengths below 16 kept, above 64 divided by 8, smoothed between.
+TINY_LLAMA3 = RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+
+
 def qwen3_tiny(**overrides) -> Qwen3Config:
-    """Test geometry: two full layers then two 8-position sliding layers."""
+    """Test geometry: two full layers then two 8-position sliding layers, and llama3 RoPE scaling whose
+    original context (64) puts the 16-wide head's frequencies in all three bands (kept, smoothed, divided)."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                use_sliding_window=True, sliding_window=8, max_window_layers=2)
+                use_sliding_window=True, sliding_window=8, max_window_layers=2, rope_scaling=TINY_LLAMA3)
     return Qwen3Config(**{**base, **overrides})
 
 

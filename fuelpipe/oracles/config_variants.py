@@ -1,0 +1,139 @@
+"""Small random-weight variants of the run's model config that reach the code tiny models never run.
+
+Tiny models have no biases and no matrix large enough for the
+``split_linears_across_threads`` pass (it splits only weights of at least
+``MIN_SPLIT_ELEMENTS`` whose output width divides the thread count), so a
+gate on them never runs the split GEMV, a fused linear with biases, or a
+width the thread count does not divide. Each variant here keeps the run's
+config (RoPE, norms, activation, tying: ``dataclasses.replace`` of it) on the
+family's tiny geometry cut to two layers, turns every bias the family has
+on, and widens the MLP and vocabulary so those matrices reach the split size:
+
+* ``split``: intermediate 4096, vocab 4096 (the untied head and the fused
+  gate/up split in the cols layout, down_proj in the rows layout);
+* ``odd widths``: intermediate 4097, vocab 4099 (a prime: the head must not
+  split at any thread count; gate/up are big but odd one by one).
+
+Each variant runs on the run's backend, KV layout and offset path at the
+run's own thread count (at least 2 on CPU: one part splits nothing), and is
+checked twice: plan_once against replan bit-exactly, and against the
+variant's ``reference_logits`` within the tolerance (as ``vs_reference``).
+On CPU with the split pass enabled, the ``split`` variant must have split.
+The negative control swaps in the split pass that assembles its parts in
+the wrong order (SPLIT_PARTS_INTERLEAVED), which no tiny model can expose.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator
+
+import torch
+
+from fuelpipe.driver import PlanMode
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare, forced_logits, greedy_run
+from fuelpipe.plan.fx_passes import passes_under
+from fuelpipe.random_init import randomize
+from models.registry import build_config, family
+
+NAME = "config_variants"
+TOKENS = 4  # the prefill's token, the build token and two reused ones
+SPLIT_PASS = "split_linears_across_threads"
+# Fields taken from the family's tiny config: the variant's size, whatever the run's model is.
+GEOMETRY = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
+    "layer_types", "max_window_layers", "sliding_window", "sliding_window_pattern",
+)
+LAYERS = 2  # every variant's depth: what they test is per layer, and each layer costs trace time
+BIASES = ("attention_bias", "mlp_bias")
+VARIANTS = {
+    "split": {"intermediate_size": 4096, "vocab_size": 4096},
+    "odd widths": {"intermediate_size": 4097, "vocab_size": 4099},
+}
+
+
+def variant_configs(model) -> dict[str, object]:
+    """name -> config: the run's config on the family's tiny geometry, biases on, the variant's widths."""
+    config = model.config
+    names = {f.name for f in dataclasses.fields(config)}
+    tiny = build_config(model.family, "tiny")
+    base = {k: getattr(tiny, k) for k in GEOMETRY if k in names}
+    base.update({k: True for k in BIASES if k in names}, num_hidden_layers=min(LAYERS, tiny.num_hidden_layers))
+    return {name: dataclasses.replace(config, **base, **widths) for name, widths in VARIANTS.items()}
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _splits(ctx) -> int:
+    session = ctx.plan.session
+    applied = session.program.passes_applied if session is not None else {}
+    return sum(n for name, n in applied.items() if name.startswith(SPLIT_PASS))
+
+
+def _check(inp: OracleInput, setup, config, seed: int, device, dtype) -> dict:
+    model = randomize(family(inp.model.family).model_cls(config, device=device, dtype=dtype), seed=seed)
+    prompt = [t % config.vocab_size for t in inp.prompts[0]]
+    replan = setup.context(model, plan=PlanMode.REPLAN, fault=inp.fault)
+    tokens, want = greedy_run(replan, setup.kv.new_cache(replan, inp.max_seq_len), prompt, TOKENS)
+    held = setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    got = forced_logits(held, setup.kv.new_cache(held, inp.max_seq_len), prompt, tokens)
+    _, first_replan = compare(want, got)
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=device)
+    ref = list(model.reference_logits(ids)[0, len(prompt) - 1 :])
+    scale = max(1.0, max(float(row.abs().max()) for row in ref))
+    worst, first_ref = compare(ref, got, atol=inp.tolerance * scale)
+    return {"splits": _splits(held), "replan_step": first_replan, "ref_step": first_ref, "err": worst,
+            "biases": sorted(k for k in BIASES if getattr(config, k, False))}
+
+
+def run(inp: OracleInput) -> OracleResult:
+    p = next(inp.model.parameters())
+    spec = inp.setup.backend
+    setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, spec.fx_passes)))
+    on_cpu = p.device.type == "cpu"
+    threads = max(2, torch.get_num_threads()) if on_cpu else torch.get_num_threads()
+    splitting = on_cpu and spec.name != "eager" and SPLIT_PASS in spec.fx_passes
+    results = {}
+    with _threads(threads):
+        for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
+            results[name] = _check(inp, setup, config, seed, p.device, p.dtype)
+    problems = []
+    for name, r in results.items():
+        if r["replan_step"] is not None:
+            problems.append(f"{name}: plan_once differs from replan from step {r['replan_step']}")
+        if r["ref_step"] is not None:
+            problems.append(f"{name}: max |logits - reference| {r['err']:.3g} beyond tolerance from step {r['ref_step']}")
+    if splitting and results["split"]["splits"] == 0:
+        problems.append(f"split: no linear was split at {threads} threads (the split path did not run)")
+    why_unsplit = "" if splitting else (
+        " (nothing splits: " + ("not on CPU" if not on_cpu else f"backend {spec.name} runs no {SPLIT_PASS}") + ")")
+    summary = "; ".join(
+        f"{name}: intermediate {VARIANTS[name]['intermediate_size']}, vocab {VARIANTS[name]['vocab_size']}, "
+        f"{r['splits']} linears split, biases {', '.join(r['biases']) or 'none in this family'}"
+        for name, r in results.items()
+    )
+    return OracleResult(
+        name=NAME,
+        passed=not problems,
+        metric={
+            "variants": len(results),
+            "threads": threads,
+            "linears_split": sum(r["splits"] for r in results.values()),
+            "max_abs_error": max(r["err"] for r in results.values()),
+            "violations": len(problems),
+        },
+        tolerance=inp.tolerance,
+        detail=("failed: " + "; ".join(problems) + " | " if problems else "")
+        + f"{summary}; plan_once vs replan bit-exact and vs reference_logits within {inp.tolerance:g} x logit scale, "
+        f"{TOKENS} tokens each on {spec.name} {setup.kv.layout} at {threads} threads{why_unsplit}",
+    )

@@ -1,0 +1,69 @@
+"""The decode path against its Hugging Face transformers twin: an external reference, within a max-abs tolerance.
+
+``vs_reference`` compares the decode path with the family's own no-cache
+reference, so a bug both share (RoPE frequency or scaling math, which layers
+slide, how a config field is read) is invisible to it. Here the twin is built
+by transformers from the run's config (``hf_twin``: transformers derives the
+layer kinds, windows and RoPE frequencies itself) with the same weights
+(computing in float32, so a bfloat16 run is measured against exact math), and
+one full forward over the generated sequence is compared with the decode
+path's logits, greedy tokens forced as in ``vs_reference``. The tolerance is
+per model dtype (experiment.oracles.vs_transformers.tolerance), scaled by the
+largest twin logit beyond magnitude 1, as in ``vs_reference``.
+
+Without transformers (or for a family, or a config value, with no twin) the
+result is *skipped*, with the reason: never a pass it did not check. The
+negative control plants ROPE_FREQ_EXPONENT in ``fuelpipe.rope``, shared by
+the decode path and every family's reference (``vs_reference`` still passes
+under it).
+"""
+from __future__ import annotations
+
+import torch
+
+from fuelpipe.oracles import hf_twin
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare, greedy_run, skipped
+from fuelpipe.oracles.planted import planted
+
+NAME = "vs_transformers"
+
+
+def layer_kinds(config) -> list[str]:
+    """Each layer's attention kind as transformers sees it (a config without layer_types slides everywhere or nowhere)."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return list(kinds)
+    uniform = "sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"
+    return [uniform] * config.num_hidden_layers
+
+
+def run(inp: OracleInput) -> OracleResult:
+    family = inp.model.family
+    reason = hf_twin.unavailable_reason(family)
+    if reason is not None:
+        return skipped(NAME, reason, inp.tolerance)
+    try:
+        hf_twin.hf_config(family, inp.model.config)
+    except hf_twin.TwinError as err:  # a config value transformers cannot express: nothing to compare against
+        return skipped(NAME, f"no faithful transformers twin of this {family} config: {err}", inp.tolerance)
+    prompt = list(inp.prompts[0])
+    with planted(inp.fault):
+        ctx = inp.setup.context(inp.model, fault=inp.fault)
+        tokens, got = greedy_run(ctx, inp.cache(ctx), prompt, inp.new_tokens)
+    twin = hf_twin.twin_of(inp.model)
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=ctx.device)
+    with torch.no_grad():
+        want = list(twin(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 :].float())
+    scale = max(1.0, max(float(row.abs().max()) for row in want))
+    allowed = inp.tolerance * scale
+    worst, first = compare(want, got, atol=allowed)
+    kinds = sorted(set(layer_kinds(twin.config)))
+    return OracleResult(
+        name=NAME,
+        passed=first is None,
+        metric={"max_abs_error": worst, "first_divergent_step": first, "steps": len(got), "logit_scale": scale},
+        tolerance=inp.tolerance,
+        detail=f"max |logits - transformers {type(twin).__name__}| over {len(got)} tokens ({len(ids[0])} positions, "
+        f"layer kinds {', '.join(kinds)}), {ctx.plan.mode.value} on {ctx.plan.spec.name}, allowed "
+        f"{inp.tolerance:g} x logit scale {scale:.3g} = {allowed:.3g}",
+    )

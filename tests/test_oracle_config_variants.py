@@ -1,0 +1,123 @@
+"""config_variants: biases, non-dividing widths and split-sized matrices, which tiny models never reach.
+
+It passes on every family x KV layout on fx (and its ``split`` variant really
+splits), and fails under its negative control, a split GEMV that assembles its
+parts in the wrong order: a bug the tiny-model gate cannot see, since no tiny
+matrix is big enough to split.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fuelpipe.faults import Fault
+from fuelpipe.oracles import config_variants
+from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.plan.fx_passes import DEFAULT_PASSES, passes_under
+from fuelpipe.plan.split_gemv import MIN_SPLIT_ELEMENTS, split_gemv, split_weight, split_weight_interleaved
+from fuelpipe.runner.assemble import assemble
+from fuelpipe.runner.oracles import run_one
+from models.registry import build_config
+
+GATE = [
+    ("llama_tiny", "contiguous"), ("llama_tiny", "paged"), ("phi_tiny", "contiguous"), ("phi_tiny", "paged"),
+    ("qwen3_tiny", "contiguous"), ("qwen3_tiny", "paged"), ("gemma3_tiny", "contiguous"), ("gemma3_tiny", "paged"),
+    ("deepseek_v2_tiny", "latent"),
+]
+FAMILIES = [(m, kv) for m, kv in GATE if kv != "paged"]
+
+
+def _cfg(compose_cfg, model, kv, *extra):
+    return compose_cfg([f"model={model}", f"kv={kv}", "experiment=parity", "backend=fx", *extra])
+
+
+@pytest.mark.parametrize("model,kv", GATE)
+def test_passes_on_the_gate_configs_and_splits(compose_cfg, model, kv):
+    cfg = _cfg(compose_cfg, model, kv)
+    result = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
+    print(f"\n{model} {kv}: {result.seconds:.2f}s {result.metric}")
+    assert result.passed, result.detail
+    assert result.metric["threads"] >= 2 and result.metric["linears_split"] > 0
+    assert result.tolerance == 1e-5
+
+
+@pytest.mark.parametrize("model,kv", FAMILIES)
+def test_negative_control_fails_where_the_tiny_gate_passes(compose_cfg, model, kv):
+    cfg = _cfg(compose_cfg, model, kv, "experiment.oracles.config_variants.inject_fault=true")
+    control = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
+    assert control.negative_control and control.fault == Fault.SPLIT_PARTS_INTERLEAVED.value
+    assert not control.passed and not control.detail.startswith("raised"), control.detail
+    assert "reference" in control.detail
+
+    # The same faulty pass on the tiny model itself changes nothing: no tiny matrix is big enough to split.
+    blind_cfg = _cfg(compose_cfg, model, kv)
+    asm = assemble(blind_cfg)
+    faulty = dataclasses.replace(asm.setup.backend, fx_passes=passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_PASSES))
+    asm = dataclasses.replace(asm, setup=asm.setup.with_changes(backend=faulty))
+    blind = run_one(blind_cfg, asm, ORACLES["vs_reference"])
+    assert blind.passed, f"vs_reference on the tiny model was expected to miss the split fault: {blind.detail}"
+
+
+def test_eager_runs_the_variants_unsplit_and_says_so(compose_cfg):
+    cfg = compose_cfg(["model=qwen3_tiny", "backend=eager", "experiment.new_tokens=4"])
+    result = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
+    assert result.passed and result.metric["linears_split"] == 0
+    assert "nothing splits: backend eager" in result.detail
+
+
+def test_one_thread_run_splits_at_two_and_restores_the_count(compose_cfg):
+    cfg = compose_cfg(["model=llama_tiny", "experiment.new_tokens=4"])
+    asm = assemble(cfg)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_one(cfg, asm, ORACLES["config_variants"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert result.passed and result.metric["threads"] == 2 and result.metric["linears_split"] > 0
+
+
+def test_variants_of_a_checkpoint_config_are_small_with_biases():
+    """A checkpoint's config (here SmolLM2's geometry) keeps its RoPE and tying, on the tiny geometry."""
+    big = build_config("llama", "smollm2_135m")
+    variants = config_variants.variant_configs(SimpleNamespace(family="llama", config=big))
+    tiny = build_config("llama", "tiny")
+    for name, c in variants.items():
+        assert c.attention_bias and c.mlp_bias
+        assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads) == (
+            tiny.hidden_size, tiny.num_hidden_layers, tiny.num_attention_heads)
+        assert (c.rope_theta, c.tie_word_embeddings) == (big.rope_theta, big.tie_word_embeddings)
+    assert variants["split"].vocab_size * variants["split"].hidden_size >= MIN_SPLIT_ELEMENTS
+    assert variants["odd widths"].intermediate_size % 2 and variants["odd widths"].vocab_size % 2
+
+
+@pytest.mark.parametrize("shape", [(4096, 64), (64, 4096)])  # cols layout, rows layout
+def test_interleaved_split_permutes_the_outputs(shape):
+    w = torch.randn(shape)
+    x = torch.randn(1, shape[1])
+    right_w, cols = split_weight(w, 2)
+    right = split_gemv(x, right_w, None, cols)
+    torch.testing.assert_close(right, x @ w.T, rtol=1e-4, atol=1e-3)  # 4096-long sums in another order
+    wrong_w, cols = split_weight_interleaved(w, 2)
+    wrong = split_gemv(x, wrong_w, None, cols)
+    assert not torch.allclose(wrong, right)
+    torch.testing.assert_close(wrong.sort().values, right.sort().values)  # the same numbers, out of place
+
+
+def test_passes_under_swaps_only_the_faulty_pass():
+    assert passes_under(Fault.NONE, DEFAULT_PASSES) == DEFAULT_PASSES
+    swapped = passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_PASSES)
+    assert swapped == ("fuse_sibling_linears", "split_linears_across_threads_interleaved",
+                       "eliminate_dead_code_keeping_writes")
+    assert passes_under(Fault.SPLIT_PARTS_INTERLEAVED, swapped) == swapped  # idempotent
+
+
+def test_a_config_naming_the_faulty_pass_is_refused(compose_cfg):
+    from fuelpipe.config.validate import validate
+
+    cfg = compose_cfg(["backend.fx_passes=[fuse_sibling_linears,split_linears_across_threads_interleaved]"])
+    assert any("split_linears_across_threads_interleaved is a deliberately wrong pass" in r for r in validate(cfg))

@@ -11,6 +11,7 @@ below is the paged name for the same flag; ``plan_once`` is the default for both
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import BackendSpec, build_program
+from fuelpipe.plan.fx_passes import passes_under
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
@@ -92,10 +94,7 @@ def build_session(
     key: PlanKey,
     fault: Fault = Fault.NONE,
 ) -> DecodeSession:
-    passes = spec.fx_passes
-    if fault is Fault.NAIVE_DCE:
-        passes = tuple("naive_eliminate_dead_code" if p == "eliminate_dead_code_keeping_writes" else p for p in passes)
-        spec = BackendSpec(spec.name, passes, spec.cache_policy)
+    spec = dataclasses.replace(spec, fx_passes=passes_under(fault, spec.fx_passes))  # a fault's faulty pass, if any
     step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
     program = build_program(spec, step, step_kind)
     device = cache.bound_tensors()[0].device

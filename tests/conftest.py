@@ -82,3 +82,17 @@ def run_cli(*args: str, cwd: Path, timeout: float = 240, default_model: bool = F
     return subprocess.run(
         [sys.executable, "-m", "fuelpipe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def default_or_slow(cases, keep, ids=None):
+    """``cases`` as pytest params: those in ``keep`` run by default, the rest only with ``-m slow``.
+
+    Every family x KV combination stays covered (the slow CI step runs them all); the default run
+    keeps a representative few so it fits its time budget.
+    """
+    keep = set(keep)
+    out = []
+    for i, case in enumerate(cases):
+        marks = () if case in keep else (pytest.mark.slow,)
+        out.append(pytest.param(*case, marks=marks, id=None if ids is None else ids[i]))
+    return out

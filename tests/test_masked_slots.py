@@ -9,7 +9,7 @@ compares against the same run on a clean cache, bit for bit.
 import pytest
 import torch
 
-from conftest import PROMPT
+from conftest import PROMPT, default_or_slow
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import NonFiniteLogitsError
 from fuelpipe.faults import Fault
@@ -48,8 +48,11 @@ def rows(model, kv, offset_mode, backend, poison=None, fault=Fault.NONE):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("backend", ["eager", "fx"])
-@pytest.mark.parametrize("family,kv,offset_mode", PATHS)
+CASES = [(*path, backend) for path in PATHS for backend in ("eager", "fx")]
+
+
+@pytest.mark.parametrize("family,kv,offset_mode,backend", default_or_slow(
+    CASES, [(*path, "fx") for path in PATHS] + [("llama", "paged", "tensor", "eager")]))
 def test_poisoned_masked_slots_change_nothing(family, kv, offset_mode, backend):
     model = build_random_model(family, "tiny", seed=2)
     clean = rows(model, kv, offset_mode, backend)

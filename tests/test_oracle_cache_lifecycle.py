@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT
+from conftest import PROMPT, default_or_slow
 from fuelpipe import context
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import KvCacheError, KvCapacityError
@@ -27,7 +27,8 @@ def _run(compose_cfg, family, kv, *extra):
     return run_one(cfg, assemble(cfg), ORACLES[NAME])
 
 
-@pytest.mark.parametrize("family, kv", CASES, ids=[f"{f}-{kv}" for f, kv in CASES])
+@pytest.mark.parametrize("family, kv", default_or_slow(
+    CASES, [("llama", "contiguous"), ("qwen3", "paged"), ("deepseek_v2", "latent")], [f"{f}-{kv}" for f, kv in CASES]))
 def test_passes_on_fx_and_catches_a_stale_rope(compose_cfg, family, kv):
     healthy = _run(compose_cfg, family, kv, "backend=fx")
     assert healthy.passed, healthy.detail

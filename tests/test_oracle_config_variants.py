@@ -11,6 +11,8 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+
+from conftest import default_or_slow
 import torch
 
 from fuelpipe.faults import Fault
@@ -34,7 +36,7 @@ def _cfg(compose_cfg, model, kv, *extra):
     return compose_cfg([f"model={model}", f"kv={kv}", "experiment=parity", "backend=fx", *extra])
 
 
-@pytest.mark.parametrize("model,kv", GATE)
+@pytest.mark.parametrize("model,kv", default_or_slow(GATE, [("llama_tiny", "paged"), ("deepseek_v2_tiny", "latent")]))
 def test_passes_on_the_gate_configs_and_splits(compose_cfg, model, kv):
     cfg = _cfg(compose_cfg, model, kv)
     result = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
@@ -44,7 +46,7 @@ def test_passes_on_the_gate_configs_and_splits(compose_cfg, model, kv):
     assert result.tolerance == 1e-5
 
 
-@pytest.mark.parametrize("model,kv", FAMILIES)
+@pytest.mark.parametrize("model,kv", default_or_slow(FAMILIES, [("llama_tiny", "contiguous"), ("qwen3_tiny", "contiguous")]))
 def test_negative_control_fails_where_the_tiny_gate_passes(compose_cfg, model, kv):
     cfg = _cfg(compose_cfg, model, kv, "experiment.oracles.config_variants.inject_fault=true")
     control = run_one(cfg, assemble(cfg), ORACLES["config_variants"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPT
+from conftest import PROMPT, default_or_slow
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import ConfigError
 from fuelpipe.oracles.registry import ORACLES
@@ -28,7 +28,8 @@ def _failed(result) -> str:
     return result.detail.split("failed: ", 1)[1]
 
 
-@pytest.mark.parametrize("family, kv", CASES, ids=[f"{f}-{kv}" for f, kv in CASES])
+@pytest.mark.parametrize("family, kv", default_or_slow(
+    CASES, [("llama", "paged"), ("phi", "contiguous"), ("deepseek_v2", "latent")], [f"{f}-{kv}" for f, kv in CASES]))
 def test_passes_on_fx_and_catches_a_partial_rebind(compose_cfg, family, kv):
     healthy = _run(compose_cfg, family, kv, "backend=fx")
     assert healthy.passed, healthy.detail

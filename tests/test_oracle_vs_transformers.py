@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
+from conftest import default_or_slow
 import torch
 
 from fuelpipe.faults import Fault
@@ -41,7 +43,7 @@ def _run(compose_cfg, model, kv, name, *extra):
     return run_one(cfg, assemble(cfg), ORACLES[name])
 
 
-@pytest.mark.parametrize("model,kv", GATE)
+@pytest.mark.parametrize("model,kv", default_or_slow(GATE, [("gemma3_tiny", "contiguous"), ("qwen3_tiny", "paged")]))
 def test_passes_on_the_gate_configs(compose_cfg, model, kv):
     result = _run(compose_cfg, model, kv, "vs_transformers")
     print(f"\n{model} {kv}: {result.seconds:.2f}s {result.metric}")
@@ -49,7 +51,7 @@ def test_passes_on_the_gate_configs(compose_cfg, model, kv):
     assert result.metric["steps"] == 24 and result.tolerance == 1e-5
 
 
-@pytest.mark.parametrize("model,kv", FAMILIES)
+@pytest.mark.parametrize("model,kv", default_or_slow(FAMILIES, [("llama_tiny", "contiguous"), ("gemma3_tiny", "contiguous")]))
 def test_negative_control_fails_where_vs_reference_passes(compose_cfg, model, kv):
     control = _run(compose_cfg, model, kv, "vs_transformers", "experiment.oracles.vs_transformers.inject_fault=true")
     assert control.negative_control and control.fault == Fault.ROPE_FREQ_EXPONENT.value

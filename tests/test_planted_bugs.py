@@ -53,10 +53,15 @@ def pool_hands_out_a_block_twice(mp):
     mp.setattr(KvBlockPool, "allocate", allocate)
 
 
-def rope_rows_one_ahead(mp):
-    """Per-token RoPE rows taken one position late (cos[start + 1])."""
+def decode_rope_rows_one_ahead(mp):
+    """Decode steps take their RoPE rows one position late (cos[cached_len + 1]); the prefill is right.
+
+    (Shifting every position alike would be no bug: RoPE scores depend on position differences only.)
+    """
     def host(token_ids, cos, sin, *args, **kwargs):
-        return compute_token_host(token_ids, cos[:, 1:], sin[:, 1:], *args, **kwargs)
+        if token_ids.shape[1] == 1:
+            cos, sin = cos[:, 1:], sin[:, 1:]
+        return compute_token_host(token_ids, cos, sin, *args, **kwargs)
     mp.setattr(context_mod, "compute_token_host", host)
 
 
@@ -141,7 +146,7 @@ def attended_length_one_short(mp):
 BUGS = {
     "paged_block_boundary": (paged_block_boundary, ["model=llama_tiny", "kv=paged"]),
     "pool_hands_out_a_block_twice": (pool_hands_out_a_block_twice, ["model=qwen3_tiny", "kv=paged"]),
-    "rope_rows_one_ahead": (rope_rows_one_ahead, ["model=llama_tiny"]),
+    "decode_rope_rows_one_ahead": (decode_rope_rows_one_ahead, ["model=llama_tiny"]),
     "window_boundary_off_by_one": (window_boundary_off_by_one, ["model=gemma3_tiny"]),
     "rope_base_in_shared_code": (rope_base_in_shared_code, ["model=llama_tiny"]),
     "fused_linears_drop_bias": (fused_linears_drop_bias, ["model=llama_tiny"]),

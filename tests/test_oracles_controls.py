@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from conftest import default_or_slow
 from fuelpipe.errors import ConfigError
 from fuelpipe.oracles.base import compare
 from fuelpipe.oracles.registry import ORACLES, oracle
@@ -20,8 +21,12 @@ def _run(compose_cfg, name, overrides=()):
     return run_one(cfg, assemble(cfg), ORACLES[name])
 
 
-@pytest.mark.parametrize("backend", ["eager", "fx"])
-@pytest.mark.parametrize("name", sorted(ORACLES))
+CASES = [(name, backend) for name in sorted(ORACLES) for backend in ("eager", "fx")]
+# Every oracle on fx by default; on eager too with -m slow (each oracle's own tests cover eager).
+DEFAULT = [(name, "fx") for name in ORACLES] + [(name, "eager") for name in ("plan_vs_replan", "key_sensitivity")]
+
+
+@pytest.mark.parametrize("name,backend", default_or_slow(CASES, DEFAULT, [f"{n}-{b}" for n, b in CASES]))
 def test_oracle_passes_then_catches_its_fault(compose_cfg, name, backend):
     healthy = _run(compose_cfg, name, [f"backend={backend}"])
     assert healthy.passed, healthy.detail

@@ -12,13 +12,12 @@ from hydra.core.global_hydra import GlobalHydra
 from conftest import CONF, FAST
 from fuelpipe.config.preflight import VERSION_BASE
 from fuelpipe.report import collect_rows, main as report_main, markdown
+from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.results import write_results
 from fuelpipe.runner.job import run_job
 
 LEAN = [*FAST, "experiment=smoke", "experiment.bench.tokens=2",
-        *(f"experiment.oracles.{n}.enabled=false"
-          for n in ("vs_reference", "key_sensitivity", "request_isolation", "cache_lifecycle", "rebind_guard",
-                    "kv_sharing", "vs_transformers", "config_variants"))]
+        *(f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n not in ("plan_vs_replan", "plan_accounting"))]
 
 
 @pytest.fixture(scope="module")

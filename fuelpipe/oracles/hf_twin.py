@@ -112,9 +112,15 @@ def _qwen3(c, tf):
     )
 
 
+def _whole(x):
+    """A float that holds a whole number as an int: transformers' config fields are typed (a checkpoint's 24.0)."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
 def _gemma3(c, tf):
     return tf.Gemma3TextConfig(
-        **_geometry(c), **HF_COMMON, head_dim=c.head_dim, query_pre_attn_scalar=c.query_pre_attn_scalar,
+        **_geometry(c), **HF_COMMON, head_dim=c.head_dim,
+        query_pre_attn_scalar=_whole(c.query_pre_attn_scalar),
         hidden_activation="gelu_pytorch_tanh",
         rope_parameters={
             "full_attention": rope_parameters(c.rope_theta, c.rope_scaling),

@@ -113,6 +113,7 @@ def test_negative_control_skipping_one_layers_qk_unpermute_is_caught(name, loade
     assert (wrong - hf_logits[0]).abs().max().item() > FIRST_STEP_ATOL
 
 
+@pytest.mark.slow  # replan on a 135M model (~40 s); the main job (a .ci/run step) runs plan_vs_replan on it too
 def test_plan_once_equals_replan_bit_exact(loaded, run):
     model, _, _ = loaded
     prompt, once = run

@@ -78,6 +78,16 @@ def live_slots(mask: torch.Tensor) -> torch.Tensor:
     return (mask != float("-inf")).any(dim=-2, keepdim=True)
 
 
+def live_slots_as(mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
+    """``live_slots(mask)`` shaped to broadcast against K/V [1, Hkv, S, D] (slot_dim=2) or a latent [S, r] (0)."""
+    live = live_slots(mask)  # [1, 1, 1, S]
+    if slot_dim == 2:
+        return live.transpose(-1, -2)  # [1, 1, S, 1]
+    if slot_dim == 0:
+        return live.reshape(-1, 1)  # [S, 1]
+    raise ValueError(f"without_masked_slots: slot_dim must be 0 or 2, got {slot_dim}")
+
+
 def without_masked_slots(x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
     """``x`` with every slot no query may attend set to exactly 0, whatever it held (NaN, Inf, a stale row).
 
@@ -85,11 +95,4 @@ def without_masked_slots(x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> 
     A recycled paged block, a reused cache, the null block and batch padding all reach attention
     as masked slots; with them zeroed, masked means contributes nothing, NaN included.
     """
-    live = live_slots(mask)  # [1, 1, 1, S]
-    if slot_dim == 2:
-        live = live.transpose(-1, -2)  # [1, 1, S, 1] against [1, Hkv, S, D]
-    elif slot_dim == 0:
-        live = live.reshape(-1, 1)  # [S, 1] against [S, r]
-    else:
-        raise ValueError(f"without_masked_slots: slot_dim must be 0 or 2, got {slot_dim}")
-    return torch.where(live, x, 0.0)
+    return torch.where(live_slots_as(mask, slot_dim), x, 0.0)

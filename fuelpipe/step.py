@@ -59,8 +59,10 @@ class _Step(nn.Module):
         self.keep_masked_garbage = keep_masked_garbage  # True only under the UNSAFE_MASKED_SLOTS fault
 
     def _run(self, token_ids, rope_cos, rope_sin, mask, views: list) -> torch.Tensor:
-        if self.keep_masked_garbage:
-            for view in views:
+        live_memo: dict = {}  # one per call: each mask's live slots computed once for all layers
+        for view in views:
+            view.live_memo = live_memo
+            if self.keep_masked_garbage:
                 view.keep_masked_garbage = True
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
 

@@ -19,16 +19,28 @@ from __future__ import annotations
 
 import torch
 
-from fuelpipe.masks import without_masked_slots
+from fuelpipe.masks import live_slots_as, without_masked_slots
 
 
 class _Visible:
     """Mixin: the masked-slot cleaning every view applies to what it returns."""
 
     keep_masked_garbage = False  # set per instance only by the UNSAFE_MASKED_SLOTS fault
+    # Shared by every view of one step call (set by the step module): the live-slot vector of a
+    # mask is computed once per step, not once per layer and slot. Values hold the mask itself,
+    # so its id cannot be recycled while the memo lives.
+    live_memo: dict | None = None
 
     def _visible(self, x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
-        return x if self.keep_masked_garbage else without_masked_slots(x, mask, slot_dim)
+        if self.keep_masked_garbage:
+            return x
+        memo = self.live_memo
+        if memo is None:
+            return without_masked_slots(x, mask, slot_dim)
+        key = (id(mask), slot_dim)
+        if key not in memo:
+            memo[key] = (mask, live_slots_as(mask, slot_dim))
+        return torch.where(memo[key][1], x, 0.0)
 
 
 class TensorOffsetKv(_Visible):

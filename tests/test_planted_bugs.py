@@ -105,8 +105,8 @@ def identity_blind_to_storage(mp):
 
 
 def masked_garbage_reaches_attention(mp):
-    """Masked KV slots are handed to attention as they are (0 x NaN = NaN)."""
-    mp.setattr(views_mod, "without_masked_slots", lambda x, mask, slot_dim: x)
+    """The live-slot test lets every slot through: masked KV reaches attention as it is (0 x NaN = NaN)."""
+    mp.setattr(views_mod, "live_slots_as", lambda mask, slot_dim: torch.ones((), dtype=torch.bool))
 
 
 def truncate_forgets_to_rewind(mp):

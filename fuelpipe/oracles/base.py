@@ -107,6 +107,20 @@ def greedy_run(ctx: InferenceContext, cache: ContiguousKvCache, prompt: Sequence
     return result.tokens, result.logits
 
 
+def compare_scaled(
+    want: Sequence[torch.Tensor], got: Sequence[torch.Tensor], tolerance: float
+) -> tuple[float, Optional[int], float, float]:
+    """(max abs error, first divergent step, logit scale, allowed) against a reference within ``tolerance``.
+
+    The tolerance is absolute for logits up to 1 and scales with the largest reference logit beyond
+    that (float accumulation error grows with the values summed).
+    """
+    scale = max(1.0, max(float(row.abs().max()) for row in want))
+    allowed = tolerance * scale
+    worst, first = compare(want, got, atol=allowed)
+    return worst, first, scale, allowed
+
+
 def compare(
     want: Sequence[torch.Tensor], got: Sequence[torch.Tensor], atol: Optional[float] = None
 ) -> tuple[float, Optional[int]]:

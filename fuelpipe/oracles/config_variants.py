@@ -31,7 +31,7 @@ from typing import Iterator
 import torch
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.oracles.base import OracleInput, OracleResult, compare, forced_logits, greedy_run
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, forced_logits, greedy_run
 from fuelpipe.plan.fx_passes import passes_under
 from fuelpipe.random_init import randomize
 from models.registry import build_config, family
@@ -90,8 +90,7 @@ def _check(inp: OracleInput, setup, config, seed: int, device, dtype) -> dict:
     _, first_replan = compare(want, got)
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=device)
     ref = list(model.reference_logits(ids)[0, len(prompt) - 1 :])
-    scale = max(1.0, max(float(row.abs().max()) for row in ref))
-    worst, first_ref = compare(ref, got, atol=inp.tolerance * scale)
+    worst, first_ref, _, _ = compare_scaled(ref, got, inp.tolerance)
     return {"splits": _splits(held), "replan_step": first_replan, "ref_step": first_ref, "err": worst,
             "biases": sorted(k for k in BIASES if getattr(config, k, False))}
 

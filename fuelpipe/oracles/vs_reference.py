@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fuelpipe.oracles.base import OracleInput, OracleResult, compare, greedy_run
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare_scaled, greedy_run
 
 
 def run(inp: OracleInput) -> OracleResult:
@@ -25,9 +25,7 @@ def run(inp: OracleInput) -> OracleResult:
     tokens, got = greedy_run(ctx, inp.cache(ctx), prompt, inp.new_tokens)
     ids = torch.tensor([list(prompt) + tokens[:-1]], dtype=torch.int64, device=ctx.device)
     want = list(inp.model.reference_logits(ids)[0, len(prompt) - 1 :])  # one row per generated token
-    scale = max(1.0, max(float(row.abs().max()) for row in want))
-    allowed = inp.tolerance * scale
-    worst, first = compare(want, got, atol=allowed)
+    worst, first, scale, allowed = compare_scaled(want, got, inp.tolerance)
     return OracleResult(
         name="vs_reference",
         passed=first is None,

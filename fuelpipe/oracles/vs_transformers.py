@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from fuelpipe.oracles import hf_twin
-from fuelpipe.oracles.base import OracleInput, OracleResult, compare, greedy_run, skipped
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare_scaled, greedy_run, skipped
 from fuelpipe.oracles.planted import planted
 
 NAME = "vs_transformers"
@@ -54,9 +54,7 @@ def run(inp: OracleInput) -> OracleResult:
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=ctx.device)
     with torch.no_grad():
         want = list(twin(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 :].float())
-    scale = max(1.0, max(float(row.abs().max()) for row in want))
-    allowed = inp.tolerance * scale
-    worst, first = compare(want, got, atol=allowed)
+    worst, first, scale, allowed = compare_scaled(want, got, inp.tolerance)
     kinds = sorted(set(layer_kinds(twin.config)))
     return OracleResult(
         name=NAME,

@@ -36,8 +36,8 @@ class DecodeDims:
 class LayerInputs:
     """Everything one layer's decode step receives, bundled so signatures stay short.
 
-    cos, sin: [T, rot] rows of this layer's RoPE spec.
-    mask:     [1, 1, T, S] additive mask of this layer's variant.
+    cos, sin: [B, 1, T, rot] rows of this layer's RoPE spec (one row set per sequence; broadcast over heads).
+    mask:     [B, 1, T, S] additive mask of this layer's variant.
     kv:       this layer's KV view (see ``fuelpipe.kv.views``).
     """
 

@@ -20,6 +20,7 @@ from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
 from fuelpipe.driver import HeldPlan, PlanMode, step_kind_for
 from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.faults import Fault
+from fuelpipe.kv.batch import BatchKvCache, BatchLatentCache, PagedBatch
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
@@ -132,7 +133,49 @@ class InferenceContext:
             d.n_layers, d.n_kv_heads, d.head_dim, max_seq_len, dtype or self.dtype, self.device
         )
 
+    def new_batch_cache(self, max_batch: int, max_seq_len: int, dtype: Optional[torch.dtype] = None):
+        """A batch-slot cache of ``max_batch`` sequences x ``max_seq_len`` positions (latent for MLA families)."""
+        d = self.model.dims
+        max_seq_len = check_size("new_batch_cache", "max_seq_len", max_seq_len)
+        if max_seq_len > d.max_position_embeddings:
+            raise ConfigError(
+                f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
+            )
+        if self.model.latent_slots is not None:
+            return BatchLatentCache(d.n_layers, self.model.latent_slots, max_batch, max_seq_len, dtype or self.dtype,
+                                    self.device)
+        return BatchKvCache(d.n_layers, d.n_kv_heads, d.head_dim, max_batch, max_seq_len, dtype or self.dtype,
+                            self.device)
+
+    def new_paged_batch(self, pool: KvBlockPool, max_batch: int, max_blocks_cap: int) -> PagedBatch:
+        """Up to ``max_batch`` sequences of ``pool``, each with a block table of ``max_blocks_cap`` entries."""
+        self._check_cache(pool.sequence(1))
+        return PagedBatch(pool, max_batch, max_blocks_cap)
+
     # ---- steps ---------------------------------------------------------------------------
+    def _check_batch_cache(self, kv) -> None:
+        """A batch cache must have the layout this model writes (checked on a slot's single-sequence view)."""
+        if not all(hasattr(kv, a) for a in ("acquire", "release", "owns", "row_indices", "max_rows")):
+            raise ConfigError(f"a batch decode needs a batch cache (ctx.new_batch_cache, ctx.new_paged_batch), "
+                              f"got {type(kv).__name__}")
+        if isinstance(kv, PagedBatch):
+            self._check_cache(kv.pool.sequence(1))
+            return
+        m, d = self.model, self.model.dims
+        if kv.dtype != self.dtype:
+            raise ConfigError(f"cache dtype {kv.dtype} must equal the model's {self.dtype}")
+        if m.latent_slots is not None:
+            if not isinstance(kv, BatchLatentCache) or kv.slot_trailing != m.latent_slots:
+                raise ConfigError(f"{m.family} needs a batch latent cache with slots {m.latent_slots}")
+            return
+        if not isinstance(kv, BatchKvCache):
+            raise ConfigError(f"{m.family} is not an MLA family: a batch latent cache cannot serve it")
+        if (kv.n_layers, kv.n_kv_heads, kv.head_dim) != (d.n_layers, d.n_kv_heads, d.head_dim):
+            raise ConfigError(
+                f"cache geometry (layers, kv heads, head_dim) = {(kv.n_layers, kv.n_kv_heads, kv.head_dim)} "
+                f"does not match the model's {(d.n_layers, d.n_kv_heads, d.head_dim)}"
+            )
+
     def _check_cache(self, cache) -> None:
         """The cache must have the layout this model writes; refuse before anything runs."""
         m, d = self.model, self.model.dims

@@ -66,6 +66,8 @@ def step_kind_for(cache, offset_mode: str) -> str:
         return offset_mode
     if cache.step_kind == "paged" and offset_mode == "symbol":
         return "paged_symbol"  # attends the live blocks only
+    if cache.step_kind == "batch" and offset_mode == "symbol":
+        return "batch_symbol"  # attends the longest row's prefix only
     return cache.step_kind
 
 

@@ -24,3 +24,9 @@ class Fault(enum.Enum):
     # The split-GEMV pass fills each part with every P-th output row but assembles the parts as blocks
     # (outputs permuted); only matrices big enough to split see it, which no tiny model has
     SPLIT_PARTS_INTERLEAVED = "split_parts_interleaved"
+    # Batches. Every row of a batch step gets row 0's position (RoPE rows and mask), the ragged-batch bug
+    SHARED_BATCH_POSITION = "shared_batch_position"
+    # A padding row keeps the slot / block-table row of the sequence that last sat in that row (after it left)
+    STALE_PADDING_ROW = "stale_padding_row"
+    # The batch plan is keyed on which sequences are live, so every join or leave rebuilds it (over-keying)
+    REBUILD_ON_JOIN = "rebuild_on_join"

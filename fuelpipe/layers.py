@@ -45,19 +45,19 @@ class GatedMLP(nn.Module):
 
 
 def split_heads(x: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """[1, T, H*D] -> [1, H, T, D]."""
-    return x.view(1, -1, n_heads, head_dim).transpose(1, 2)
+    """[B, T, H*D] -> [B, H, T, D]."""
+    return x.unflatten(-1, (n_heads, head_dim)).transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """[1, H, T, D] -> [1, T, H*D]."""
-    return x.transpose(1, 2).reshape(1, x.shape[2], -1)
+    """[B, H, T, D] -> [B, T, H*D]."""
+    return x.transpose(1, 2).flatten(2)
 
 
 def cached_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: LayerInputs, scale: float, rotary_dim: int, head_dim: int
 ) -> torch.Tensor:
-    """RoPE q/k, write k/v through the layer's KV view, attend. q [1,H,T,D], k/v [1,Hkv,T,D] -> [1,H,T,Dv]."""
+    """RoPE q/k, write k/v through the layer's KV view, attend. q [B,H,T,D], k/v [B,Hkv,T,D] -> [B,H,T,Dv]."""
     q = apply_rotary(q, inputs.cos, inputs.sin, rotary_dim, head_dim)
     k = apply_rotary(k, inputs.cos, inputs.sin, rotary_dim, head_dim)
     keys, values, mask = inputs.kv.write_and_read(k, v, inputs.mask)

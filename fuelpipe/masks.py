@@ -73,25 +73,37 @@ def mask_variants(plan: MaskPlan, start: int, seq: int, width: int, dtype: torch
     return out.masked_fill_(~ok, float("-inf"))
 
 
+def row_mask_variants(plan: MaskPlan, positions: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive masks [n_variants, B, 1, 1, width] for one query per row, row b at ``positions[b]``.
+
+    The batched step's masks: every row has its own causal limit and sliding window.
+    """
+    k_pos = torch.arange(width)
+    rows = [allowed(positions, k_pos, plan.window_of(kind)) for kind in plan.variants]  # each [B, width]
+    ok = torch.stack(rows)[:, :, None, None]  # [V, B, 1, 1, width]
+    out = torch.zeros(ok.shape, dtype=dtype)
+    return out.masked_fill_(~ok, float("-inf"))
+
+
 def live_slots(mask: torch.Tensor) -> torch.Tensor:
     """Bool [.., 1, S] from an additive mask [.., T, S]: slots at least one query of the step may attend."""
     return (mask != float("-inf")).any(dim=-2, keepdim=True)
 
 
 def live_slots_as(mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
-    """``live_slots(mask)`` shaped to broadcast against K/V [1, Hkv, S, D] (slot_dim=2) or a latent [S, r] (0)."""
-    live = live_slots(mask)  # [1, 1, 1, S]
+    """``live_slots(mask)`` shaped to broadcast against K/V [B, Hkv, S, D] (slot_dim=2) or a latent [B, S, r] (1)."""
+    live = live_slots(mask)  # [B, 1, 1, S]
     if slot_dim == 2:
-        return live.transpose(-1, -2)  # [1, 1, S, 1]
-    if slot_dim == 0:
-        return live.reshape(-1, 1)  # [S, 1]
-    raise ValueError(f"without_masked_slots: slot_dim must be 0 or 2, got {slot_dim}")
+        return live.transpose(-1, -2)  # [B, 1, S, 1]
+    if slot_dim == 1:
+        return live[:, 0].transpose(-1, -2)  # [B, S, 1]
+    raise ValueError(f"without_masked_slots: slot_dim must be 1 or 2, got {slot_dim}")
 
 
 def without_masked_slots(x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
     """``x`` with every slot no query may attend set to exactly 0, whatever it held (NaN, Inf, a stale row).
 
-    x: K or V [1, Hkv, S, D] (slot_dim=2) or a latent slot [S, r] (slot_dim=0); mask: [1, 1, T, S] additive.
+    x: K or V [B, Hkv, S, D] (slot_dim=2) or a latent slot [B, S, r] (slot_dim=1); mask: [B, 1, T, S] additive.
     A recycled paged block, a reused cache, the null block and batch padding all reach attention
     as masked slots; with them zeroed, masked means contributes nothing, NaN included.
     """

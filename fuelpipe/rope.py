@@ -117,7 +117,8 @@ def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, head_dim: int) -> torch.Tensor:
     """Rotate the leading ``rotary_dim`` channels of ``x`` [B, H, T, head_dim]; pass the rest through bit-exact.
 
-    cos, sin: [T, rotary_dim]. Dimensions are static ints so the traced program has no shape logic.
+    cos, sin: [B, 1, T, rotary_dim] (or anything broadcasting against x's leading dims, such as [T, rotary_dim]).
+    Dimensions are static ints so the traced program has no shape logic.
     """
     if rotary_dim == head_dim:
         return x * cos + rotate_half(x, rotary_dim // 2) * sin
@@ -128,8 +129,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_d
 def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     """Rotate adjacent channel pairs (x0, x1), (x2, x3), ... of ``x`` [..., T, rotary_dim].
 
-    The pair layout DeepSeek-V2 checkpoints use. cos, sin: [T, rotary_dim] in the shared
-    duplicated-halves layout; pair i uses column i.
+    The pair layout DeepSeek-V2 checkpoints use. cos, sin: [..., T, rotary_dim] (broadcasting
+    against x) in the shared duplicated-halves layout; pair i uses column i.
     """
     half = rotary_dim // 2
     pairs = x.unflatten(-1, (half, 2))

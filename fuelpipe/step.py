@@ -4,14 +4,21 @@ One function, ``run_step``, for all families and both offset paths. The two
 ``nn.Module`` wrappers only fix the program's input signature so a backend
 (fx / inductor) sees stable, re-bindable inputs:
 
-    token_ids  [1, T]                      int64
-    rope_cos   [n_rope_specs, T, rot]      model dtype
-    rope_sin   [n_rope_specs, T, rot]      model dtype
-    mask       [n_mask_variants, 1, 1, T, S] model dtype (additive)
-    write_index [T] int64              (tensor-offset and paged paths)
-    cached_len, attended_len  int      (symbol path)
-    block_table [1, max_blocks_cap]    int64 (paged path)
+    token_ids  [B, T]                      int64
+    rope_cos   [n_rope_specs, B, T, rot]   model dtype
+    rope_sin   [n_rope_specs, B, T, rot]   model dtype
+    mask       [n_mask_variants, B, 1, T, S] model dtype (additive)
+    write_index [T] int64              (tensor-offset and latent paths; B = 1)
+                [B*T] int64            (paged paths: flattened pool offsets)
+                [B, T] int64           (batch-slot paths: the position each row writes)
+    slot_ids   [B] int64               (batch-slot paths: the cache slot each row owns)
+    cached_len, attended_len  int      (symbol paths; a batch's attended_len is its longest row's)
+    block_table [B, max_blocks_cap]    int64 (paged paths)
     kv         [k0, v0, k1, v1, ...]   the KV buffers the program is bound to
+
+One sequence is B = 1. A batch step (``batch*`` kinds) serves B rows of
+different lengths at once (ragged); every row has its own positions, RoPE
+rows, masks, write offsets and slot or block-table row.
 
 Weights are the program's baked state; KV buffers are its bound state and are
 written in place.
@@ -22,6 +29,7 @@ import torch
 from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
+from fuelpipe.kv.batch_views import LatentSlotKv, SlotKv, SlotPrefixKv
 from fuelpipe.kv.views import LatentKv, PagedKv, PagedPrefixKv, SymbolOffsetKv, TensorOffsetKv
 
 
@@ -33,20 +41,20 @@ def run_step(
     mask: torch.Tensor,
     kv_views: list,
 ) -> torch.Tensor:
-    """Logits of the last position, [1, vocab] f32."""
+    """Logits of each row's last position, [B, vocab] f32."""
     n_specs = len(backbone.rope_plan.specs)
-    cos = [rope_cos[i] for i in range(n_specs)]  # each [T, rot]
-    sin = [rope_sin[i] for i in range(n_specs)]
-    masks = [mask[i] for i in range(len(backbone.mask_plan.variants))]  # each [1, 1, T, S]
+    cos = [rope_cos[i][:, None] for i in range(n_specs)]  # each [B, 1, T, rot]: broadcast over heads
+    sin = [rope_sin[i][:, None] for i in range(n_specs)]
+    masks = [mask[i] for i in range(len(backbone.mask_plan.variants))]  # each [B, 1, T, S]
     layer_spec = backbone.rope_plan.layer_spec
     layer_variant = backbone.mask_plan.layer_variant
-    h = backbone.embed(token_ids)  # [1, T, hidden]
+    h = backbone.embed(token_ids)  # [B, T, hidden]
     for i in range(backbone.dims.n_layers):
         inputs = LayerInputs(
             cos=cos[layer_spec[i]], sin=sin[layer_spec[i]], mask=masks[layer_variant[i]], kv=kv_views[i]
         )
         h = backbone.apply_layer(i, h, inputs)
-    logits = backbone.final(h[:, -1:, :])  # [1, 1, vocab]
+    logits = backbone.final(h[:, -1:, :])  # [B, 1, vocab]
     return logits[:, 0, :].float()
 
 
@@ -118,15 +126,47 @@ class LatentStep(_Step):
         return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
+class BatchSlotStep(_Step):
+    """Batch-slot cache, tensor-offset path: each row writes (slot_ids[b], write_index[b]) and attends its slot."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, kv):
+        views = [SlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids) for i in range(self.backbone.dims.n_layers)]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+
+
+class BatchSlotPrefixStep(_Step):
+    """Batch-slot cache on the symbol path: also takes the longest row's length, and attends only that prefix."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, attended_len: int, kv):
+        views = [
+            SlotPrefixKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids, attended_len)
+            for i in range(self.backbone.dims.n_layers)
+        ]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+
+
+class BatchLatentStep(_Step):
+    """Batch-slot latent (MLA) cache: tensor write offsets per row, two latent slots per layer."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, kv):
+        views = [
+            LatentSlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids) for i in range(self.backbone.dims.n_layers)
+        ]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+
+
 STEP_KINDS = {
     "tensor": TensorOffsetStep,
     "symbol": SymbolOffsetStep,
     "paged": PagedStep,
     "paged_symbol": PagedPrefixStep,
     "latent": LatentStep,
+    "batch": BatchSlotStep,
+    "batch_symbol": BatchSlotPrefixStep,
+    "batch_latent": BatchLatentStep,
 }
 # Step kinds that take per-pass host integers (compiled with symbolic sizes by inductor).
-SYMBOLIC_KINDS = ("symbol", "paged_symbol")
+SYMBOLIC_KINDS = ("symbol", "paged_symbol", "batch_symbol")
 
 
 def step_module_for(backbone: DecodeBackbone, step_kind: str, *, keep_masked_garbage: bool = False) -> nn.Module:
@@ -140,6 +180,10 @@ def step_args(step_kind: str, buffers, host, kv: list) -> tuple:
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, kv)
     if step_kind == "symbol":
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, host.cached_len, host.attended_len, kv)
+    if step_kind in ("batch", "batch_latent"):
+        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.slot_ids, kv)
+    if step_kind == "batch_symbol":
+        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.slot_ids, host.attended_len, kv)
     if step_kind == "paged_symbol":
         return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, host.attended_len, kv)
     return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, kv)

@@ -45,7 +45,7 @@ class _Visible:
 
 class TensorOffsetKv(_Visible):
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, write_index: torch.Tensor) -> None:
-        self.k_buf = k_buf  # [1, Hkv, S, D]
+        self.k_buf = k_buf  # [1, Hkv, S, D]  (one sequence; a batch uses fuelpipe.kv.batch_views)
         self.v_buf = v_buf  # [1, Hkv, S, D]
         self.write_index = write_index  # [T] int64
 
@@ -80,8 +80,9 @@ class SymbolOffsetKv(_Visible):
 class PagedKv(_Visible):
     """Paged pool view: write at flattened offsets, read the sequence's blocks through its table.
 
-    k_pool, v_pool: [NB, bs, Hkv, D]; write_index [T] = physical_block * bs + slot;
-    block_table [1, cap] (padding names the null block, masked out by the mask row).
+    k_pool, v_pool: [NB, bs, Hkv, D]; write_index [B*T] = physical_block * bs + slot (row-major);
+    block_table [B, cap] (padding names the null block, masked out by the mask row). One sequence
+    is B = 1; a ragged batch is one table row per sequence.
     """
 
     def __init__(self, k_pool, v_pool, write_index, block_table, n_kv_heads: int, head_dim: int) -> None:
@@ -90,10 +91,10 @@ class PagedKv(_Visible):
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
 
     def _write_and_gather(self, pool, x):
-        rows = x[0].transpose(0, 1)  # [T, Hkv, D]
+        rows = x.transpose(1, 2).flatten(0, 1)  # [B*T, Hkv, D]
         flat = pool.view(-1, self.n_kv_heads, self.head_dim).index_copy_(0, self.write_index, rows)
-        blocks = flat.view(pool.shape).index_select(0, self.block_table[0])  # [cap, bs, Hkv, D]
-        return blocks.reshape(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [1, Hkv, cap*bs, D]
+        blocks = flat.view(pool.shape)[self.block_table]  # [B, cap, bs, Hkv, D]
+        return blocks.flatten(1, 2).transpose(1, 2)  # [B, Hkv, cap*bs, D]
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         keys, values = self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v)
@@ -105,7 +106,8 @@ class PagedPrefixKv(PagedKv):
 
     ``attended_len`` is a per-pass host integer (as on ``SymbolOffsetKv``); the table is cut
     to its first ceil(attended_len / block_size) entries and the mask to as many positions, so
-    a step reads what the sequence holds, not the whole padded table. The read still uses the
+    a step reads what the sequence holds, not the whole padded table (in a batch: what its
+    longest row holds; shorter rows' tails are masked). The read still uses the
     in-place write's result, so the write stays a data dependency.
     """
 
@@ -116,11 +118,11 @@ class PagedPrefixKv(PagedKv):
         self.live_width = self.live_blocks * block
 
     def _write_and_gather(self, pool, x):
-        rows = x[0].transpose(0, 1)  # [T, Hkv, D]
+        rows = x.transpose(1, 2).flatten(0, 1)  # [B*T, Hkv, D]
         flat = pool.view(-1, self.n_kv_heads, self.head_dim).index_copy_(0, self.write_index, rows)
-        live = self.block_table[0].narrow(0, 0, self.live_blocks)  # [live_blocks]
-        blocks = flat.view(pool.shape).index_select(0, live)  # [live_blocks, bs, Hkv, D]
-        return blocks.reshape(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [1, Hkv, live_width, D]
+        live = self.block_table.narrow(1, 0, self.live_blocks)  # [B, live_blocks]
+        blocks = flat.view(pool.shape)[live]  # [B, live_blocks, bs, Hkv, D]
+        return blocks.flatten(1, 2).transpose(1, 2)  # [B, Hkv, live_width, D]
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         keys, values = self._write_and_gather(self.k_pool, k), self._write_and_gather(self.v_pool, v)
@@ -140,7 +142,7 @@ class LatentKv(_Visible):
         self.write_index = write_index  # [T] int64
 
     def write_and_read_latent(self, latent: torch.Tensor, rope_key: torch.Tensor, mask: torch.Tensor):
-        """latent [T, r], rope_key [T, rope] -> (all latents [S, r], all rope keys [S, rope], mask)."""
-        latents = self.latent_buf.index_copy_(0, self.write_index, latent)
-        rope_keys = self.rope_key_buf.index_copy_(0, self.write_index, rope_key)
-        return self._visible(latents, mask, 0), self._visible(rope_keys, mask, 0), mask
+        """latent [1, T, r], rope_key [1, T, rope] -> (all latents [1, S, r], all rope keys [1, S, rope], mask)."""
+        latents = self.latent_buf.index_copy_(0, self.write_index, latent[0])[None]
+        rope_keys = self.rope_key_buf.index_copy_(0, self.write_index, rope_key[0])[None]
+        return self._visible(latents, mask, 1), self._visible(rope_keys, mask, 1), mask

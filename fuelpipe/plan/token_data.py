@@ -17,18 +17,23 @@ from fuelpipe.masks import MaskPlan, mask_variants
 
 @dataclass
 class TokenHostData:
-    token_ids: torch.Tensor  # [1, T] int64
-    rope_cos: torch.Tensor  # [n_specs, T, rot] f32 host rows; cast to the model dtype in the step buffers
-    rope_sin: torch.Tensor  # [n_specs, T, rot] f32 host rows
-    mask: torch.Tensor  # [n_variants, 1, 1, T, S] model dtype
-    write_index: torch.Tensor  # [T] int64
+    token_ids: torch.Tensor  # [B, T] int64
+    rope_cos: torch.Tensor  # [n_specs, B, T, rot] f32 host rows; cast to the model dtype in the step buffers
+    rope_sin: torch.Tensor  # [n_specs, B, T, rot] f32 host rows
+    mask: torch.Tensor  # [n_variants, B, 1, T, S] model dtype
+    write_index: torch.Tensor  # [T] int64; paged [B*T]; batch slots [B, T] (see fuelpipe.step)
     cached_len: int
     attended_len: int
-    block_table: torch.Tensor | None = None  # [1, max_blocks_cap] int64 (paged only)
+    block_table: torch.Tensor | None = None  # [B, max_blocks_cap] int64 (paged only)
+    slot_ids: torch.Tensor | None = None  # [B] int64 (batch-slot caches only)
 
     @property
     def seq(self) -> int:
         return self.token_ids.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.token_ids.shape[0]
 
 
 def compute_token_host(
@@ -49,8 +54,8 @@ def compute_token_host(
     seq = token_ids.shape[1]
     return TokenHostData(
         token_ids=token_ids,
-        rope_cos=cos_table[:, start : start + seq],
-        rope_sin=sin_table[:, start : start + seq],
+        rope_cos=cos_table[:, None, start : start + seq],
+        rope_sin=sin_table[:, None, start : start + seq],
         mask=mask_variants(mask_plan, start, seq, width, dtype),
         write_index=torch.arange(start, start + seq, dtype=torch.int64) if write_index is None else write_index,
         cached_len=start,
@@ -70,6 +75,7 @@ class StepBuffers:
         # Filled at build so a stale-offset plan (negative control) keeps the offset it was built with.
         self.write_index = host.write_index.to(device, copy=True)
         self.block_table = None if host.block_table is None else torch.empty_like(host.block_table, device=device)
+        self.slot_ids = None if host.slot_ids is None else torch.empty_like(host.slot_ids, device=device)
 
     def load(self, host: TokenHostData, *, stale_offset: bool = False) -> None:
         self.token_ids.copy_(host.token_ids, non_blocking=True)
@@ -80,3 +86,11 @@ class StepBuffers:
             self.write_index.copy_(host.write_index, non_blocking=True)
         if self.block_table is not None:
             self.block_table.copy_(host.block_table, non_blocking=True)
+        if self.slot_ids is not None:
+            self.slot_ids.copy_(host.slot_ids, non_blocking=True)
+
+    def nbytes(self) -> int:
+        """Bytes of the plan's own input buffers (what holding the plan costs beyond weights and KV)."""
+        held = (self.token_ids, self.rope_cos, self.rope_sin, self.mask, self.write_index, self.block_table,
+                self.slot_ids)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)

@@ -58,22 +58,23 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         H = self.n_heads
-        q = self.query(x).view(1, -1, H, self.nope + self.rope).transpose(1, 2)[0]  # [H, T, qk]
+        q = self.query(x).unflatten(-1, (H, self.nope + self.rope)).transpose(1, 2)  # [B, H, T, qk]
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        compressed = self.kv_a_proj_with_mqa(x)[0]  # [T, r + rope]
+        compressed = self.kv_a_proj_with_mqa(x)  # [B, T, r + rope]
         latent, k_pe = compressed.split([self.rank, self.rope], dim=-1)
-        latent = self.kv_a_layernorm(latent)  # [T, r]
-        q_pe = apply_rotary_interleaved(q_pe, inputs.cos, inputs.sin, self.rope)  # [H, T, rope]
-        k_pe = apply_rotary_interleaved(k_pe, inputs.cos, inputs.sin, self.rope)  # [T, rope]
-        latents, rope_keys, mask = inputs.kv.write_and_read_latent(latent, k_pe, inputs.mask)  # [S, r], [S, rope]
+        latent = self.kv_a_layernorm(latent)  # [B, T, r]
+        q_pe = apply_rotary_interleaved(q_pe, inputs.cos, inputs.sin, self.rope)  # [B, H, T, rope]
+        k_pe = apply_rotary_interleaved(k_pe, inputs.cos[:, 0], inputs.sin[:, 0], self.rope)  # [B, T, rope]
+        latents, rope_keys, mask = inputs.kv.write_and_read_latent(latent, k_pe, inputs.mask)  # [B, S, r], [B, S, rope]
         w_uk, w_uv = self.absorbed()
-        q_latent = torch.matmul(q_nope, w_uk)  # [H, T, r]
-        scores = torch.matmul(q_latent, latents.t()) + torch.matmul(q_pe, rope_keys.t())  # [H, T, S]
-        scores = scores * self.scale + mask[0]  # mask [1, 1, T, S] -> [1, T, S]
+        q_latent = torch.matmul(q_nope, w_uk)  # [B, H, T, r]
+        scores = (torch.matmul(q_latent, latents.transpose(1, 2)[:, None])
+                  + torch.matmul(q_pe, rope_keys.transpose(1, 2)[:, None]))  # [B, H, T, S]
+        scores = scores * self.scale + mask  # mask [B, 1, T, S]
         probs = torch.softmax(scores.float(), dim=-1).to(x.dtype)
-        out_latent = torch.matmul(probs, latents)  # [H, T, r]
-        out = torch.matmul(out_latent, w_uv.transpose(1, 2))  # [H, T, v]
-        return self.o_proj(out.transpose(0, 1).reshape(1, -1, H * self.v_dim))
+        out_latent = torch.matmul(probs, latents[:, None])  # [B, H, T, r]
+        out = torch.matmul(out_latent, w_uv.transpose(1, 2))  # [B, H, T, v]
+        return self.o_proj(out.transpose(1, 2).flatten(2))  # [B, T, H*v]
 
 
 class DeepseekV2Router(nn.Module):
@@ -107,18 +108,18 @@ class DeepseekV2Moe(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x[0]  # [T, hidden]
-        scores = torch.softmax(F.linear(h.float(), self.gate.weight.float()), dim=-1)  # [T, E]
-        weights, idx = torch.topk(scores, self.top_k, dim=-1)  # [T, k]
+        h = x.flatten(0, 1)  # [N = B*T, hidden]: routing is per token
+        scores = torch.softmax(F.linear(h.float(), self.gate.weight.float()), dim=-1)  # [N, E]
+        weights, idx = torch.topk(scores, self.top_k, dim=-1)  # [N, k]
         weights = weights * self.scaling
-        gate_up = torch.matmul(self.experts.gate_up_proj[idx], h[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
+        gate_up = torch.matmul(self.experts.gate_up_proj[idx], h[:, None, :, None]).squeeze(-1)  # [N, k, 2I]
         gate, up = gate_up.chunk(2, dim=-1)
-        act = F.silu(gate) * up  # [T, k, I]
-        out = torch.matmul(self.experts.down_proj[idx], act[..., None]).squeeze(-1)  # [T, k, hidden]
-        routed = (out * weights[..., None].to(out.dtype)).sum(dim=1)  # [T, hidden]
+        act = F.silu(gate) * up  # [N, k, I]
+        out = torch.matmul(self.experts.down_proj[idx], act[..., None]).squeeze(-1)  # [N, k, hidden]
+        routed = (out * weights[..., None].to(out.dtype)).sum(dim=1)  # [N, hidden]
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(h)
-        return routed[None]
+        return routed.view_as(x)  # [B, T, hidden]
 
 
 class DeepseekV2DecoderLayer(nn.Module):

@@ -1,0 +1,398 @@
+"""Batched KV: one allocation serving many sequences, one row per sequence in a batched step.
+
+Three strategies, one protocol (what ``fuelpipe.batch`` and the held plans read):
+
+* ``BatchKvCache``: the batch-slot contiguous buffer. Per layer K and V are
+  ``[n_slots + 1, n_kv_heads, max_seq_len, head_dim]``; slot 0 is the null
+  slot (never handed out), the only place a padding row may write.
+* ``BatchLatentCache``: the same for MLA's latent slots, ``[n_slots + 1, max_seq_len, *trailing]``.
+* ``PagedBatch``: sequences of one ``KvBlockPool``; a step stacks their block
+  tables into ``[B, max_blocks_cap]`` and padding rows name the null block.
+
+A sequence's handle (``SlotCache``, ``LatentSlotCache``, or a ``PagedSequence``)
+is also a single-sequence cache over its slot's views, so a joining request is
+prefilled by the ordinary one-sequence prefill, beside the running batch.
+``release`` returns a slot (or its blocks) at once.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from fuelpipe.errors import KvCacheError, KvCapacityError
+from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.contiguous import ContiguousKvCache, KvLayer
+from fuelpipe.kv.latent import LatentKvCache
+from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, PagedSequence
+from fuelpipe.kv.sizes import check_dtype, check_size
+
+NULL_SLOT = 0
+
+
+class KvOutOfSlotsError(KvCapacityError):
+    """Every slot of the batch cache is held; nothing was handed out."""
+
+
+class _SlotAllocator:
+    """Hands out slot numbers 1..n_slots (0 is the null slot); lowest free first."""
+
+    def __init__(self, n_slots: int, what: str) -> None:
+        self.n_slots = n_slots
+        self._what = what
+        self._free = list(range(n_slots, NULL_SLOT, -1))
+        self.held: dict[int, object] = {}  # slot -> its handle
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def take(self) -> int:
+        if not self._free:
+            raise KvOutOfSlotsError(f"{self._what}: all {self.n_slots} slots are held; release one first")
+        self._free.sort(reverse=True)
+        return self._free.pop()
+
+    def give_back(self, slot: int, handle: object) -> None:
+        if self.held.get(slot) is not handle:
+            raise KvCacheError(f"{self._what}: slot {slot} is not held by this handle (already released?)")
+        del self.held[slot]
+        self._free.append(slot)
+
+
+class _BatchBase:
+    """What the batch-slot caches share: slots, identity, residency, the rebind-source protocol."""
+
+    step_kind = ""
+    _allocator: _SlotAllocator
+    _bound: list[torch.Tensor]
+
+    def _init_identity(self) -> None:
+        self._alloc_id = KvAllocId.mint()
+        self._device_location: Optional[torch.device] = self._bound[0].device
+
+    @property
+    def alloc_id(self) -> KvAllocId:
+        return self._alloc_id
+
+    @property
+    def device_location(self) -> Optional[torch.device]:
+        return self._device_location
+
+    @property
+    def max_rows(self) -> int:
+        return self._allocator.n_slots
+
+    @property
+    def free_rows(self) -> int:
+        return self._allocator.free_slots
+
+    @property
+    def width(self) -> int:
+        return self.max_seq_len
+
+    def owns(self, handle) -> bool:
+        return getattr(handle, "batch", None) is self and self._allocator.held.get(handle.slot) is handle
+
+    def release(self, handle) -> None:
+        """Return ``handle``'s slot at once; the handle is dead afterwards."""
+        if getattr(handle, "batch", None) is not self:
+            raise KvCacheError(f"{type(self).__name__}.release: the handle does not belong to this cache")
+        self._allocator.give_back(handle.slot, handle)
+        handle.cached_len = 0
+        handle.released = True
+
+    def rebind_location(self) -> Optional[torch.device]:
+        return self._device_location
+
+    def bound_tensors(self) -> list[torch.Tensor]:
+        return list(self._bound)
+
+    def rebind_slot(self, layer: int, which: int) -> Optional[torch.Tensor]:
+        per = len(self._bound) // self.n_layers
+        if not 0 <= layer < self.n_layers or not 0 <= which < per:
+            return None
+        return self._bound[per * layer + which]
+
+    def row_indices(self, rows: Sequence, positions: torch.Tensor, stale: Optional[dict] = None) -> dict:
+        """Per-row data of one step: the slot each row owns and the position it writes ([B], [B, 1]).
+
+        ``rows`` holds one handle per bucket row, None for padding (null slot, position 0).
+        ``stale`` (negative control only) maps padding rows to slots they must not use.
+        """
+        slots = [NULL_SLOT if r is None else r.slot for r in rows]
+        if stale:
+            slots = [stale.get(i, s) if r is None else s for i, (r, s) in enumerate(zip(rows, slots))]
+        return {"slot_ids": torch.tensor(slots, dtype=torch.int64), "write_index": positions[:, None].clone()}
+
+    def slot_of_row(self, handle) -> int:
+        return handle.slot
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._bound)
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one sequence's slot occupies (every layer, every position of its capacity)."""
+        return self.nbytes() // (self.max_rows + 1)
+
+
+class BatchKvCache(_BatchBase):
+    """Batch-slot contiguous KV (the seeds' ``alloc_batched_kv``) plus one null slot for padding rows."""
+
+    step_kind = "batch"
+
+    def __init__(self, n_layers, n_kv_heads, head_dim, n_slots, max_seq_len, dtype=torch.float32, device="cpu"):
+        self.n_layers, self.n_kv_heads, self.head_dim, n_slots, self.max_seq_len = (
+            check_size("BatchKvCache", name, v) for name, v in (
+                ("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim), ("n_slots", n_slots),
+                ("max_seq_len", max_seq_len)))
+        self.dtype = check_dtype("BatchKvCache", dtype)
+        shape = (n_slots + 1, self.n_kv_heads, self.max_seq_len, self.head_dim)  # [N, Hkv, S, D]
+        dev = torch.device(device)
+        self._bound = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(2 * self.n_layers)]
+        self._allocator = _SlotAllocator(n_slots, "BatchKvCache")
+        self._init_identity()
+
+    def plan_geometry(self, bucket: int, seq: int) -> tuple:
+        return (("bucket", bucket), ("seq", seq), ("slots", self.max_rows + 1), ("max_seq_len", self.max_seq_len))
+
+    def acquire(self) -> "SlotCache":
+        slot = self._allocator.take()
+        handle = SlotCache(self, slot)
+        self._allocator.held[slot] = handle
+        return handle
+
+
+class SlotCache(ContiguousKvCache):
+    """One sequence's slot of a ``BatchKvCache``, usable as a one-sequence cache (prefill, solo decode).
+
+    Its layers are views ``[1, Hkv, S, D]`` of the batch buffers; it is its own allocation for plan
+    keys (a plan built on one slot is never silently run on another), and it cannot replace its
+    storage: the storage belongs to the batch cache.
+    """
+
+    def __init__(self, batch: BatchKvCache, slot: int) -> None:
+        super().__init__(batch.n_layers, batch.n_kv_heads, batch.head_dim, None, None, None)
+        self.batch, self.slot, self.released = batch, slot, False
+        self.max_seq_len, self.dtype = batch.max_seq_len, batch.dtype
+        k_v = batch.bound_tensors()
+        self.layers = [KvLayer(k_v[2 * i][slot : slot + 1], k_v[2 * i + 1][slot : slot + 1])
+                       for i in range(batch.n_layers)]
+        self._device_location = batch.device_location
+
+    def _refuse(self, what: str) -> None:
+        raise KvCacheError(f"SlotCache.{what}: a batch slot's storage belongs to its BatchKvCache; "
+                           "release the slot and acquire another instead")
+
+    def clear(self) -> None:
+        self._refuse("clear")
+
+    def set_layer(self, index, k, v) -> None:
+        self._refuse("set_layer")
+
+    def check_room(self, start: int, n: int) -> None:
+        if self.released:
+            raise KvCacheError(f"SlotCache: slot {self.slot} was released; acquire a new one")
+        super().check_room(start, n)
+
+
+class BatchLatentCache(_BatchBase):
+    """Batch-slot latent (MLA) KV: per layer and latent slot ``[n_slots + 1, max_seq_len, *trailing]``."""
+
+    step_kind = "batch_latent"
+
+    def __init__(self, n_layers, slot_trailing, n_slots, max_seq_len, dtype=torch.float32, device="cpu"):
+        self.n_layers, n_slots, self.max_seq_len = (
+            check_size("BatchLatentCache", name, v) for name, v in (
+                ("n_layers", n_layers), ("n_slots", n_slots), ("max_seq_len", max_seq_len)))
+        self.dtype = check_dtype("BatchLatentCache", dtype)
+        self.slot_trailing = tuple(tuple(int(d) for d in t) for t in slot_trailing)
+        dev = torch.device(device)
+        self._bound = [torch.zeros((n_slots + 1, self.max_seq_len, *t), dtype=self.dtype, device=dev)
+                       for _ in range(self.n_layers) for t in self.slot_trailing]
+        self._allocator = _SlotAllocator(n_slots, "BatchLatentCache")
+        self._init_identity()
+
+    def plan_geometry(self, bucket: int, seq: int) -> tuple:
+        return (("bucket", bucket), ("seq", seq), ("slots", self.max_rows + 1), ("max_seq_len", self.max_seq_len),
+                ("latent", self.slot_trailing))
+
+    def acquire(self) -> "LatentSlotCache":
+        slot = self._allocator.take()
+        handle = LatentSlotCache(self, slot)
+        self._allocator.held[slot] = handle
+        return handle
+
+
+class LatentSlotCache(LatentKvCache):
+    """One sequence's slot of a ``BatchLatentCache``, usable as a one-sequence latent cache."""
+
+    def __init__(self, batch: BatchLatentCache, slot: int) -> None:
+        self.batch, self.slot, self.released = batch, slot, False
+        super().__init__(batch.n_layers, batch.slot_trailing, batch.max_seq_len, batch.dtype,
+                         batch.device_location or "cpu")
+
+    def _allocate(self) -> None:  # views of the batch buffers, never storage of its own
+        n = len(self.slot_trailing)
+        bound = self.batch.bound_tensors()
+        self.slots = [[bound[n * layer + s][self.slot] for s in range(n)] for layer in range(self.n_layers)]
+        self.versions = [[0] * n for _ in range(self.n_layers)]
+        self._alloc_id = KvAllocId.mint()
+        self._device_location = self.batch.device_location
+
+    def clear(self) -> None:
+        raise KvCacheError("LatentSlotCache.clear: a batch slot's storage belongs to its BatchLatentCache; "
+                           "release the slot and acquire another instead")
+
+    def set_slot(self, layer, slot, tensor) -> None:
+        raise KvCacheError("LatentSlotCache.set_slot: a batch slot's storage belongs to its BatchLatentCache")
+
+    def check_room(self, start: int, n: int) -> None:
+        if self.released:
+            raise KvCacheError(f"LatentSlotCache: slot {self.slot} was released; acquire a new one")
+        super().check_room(start, n)
+
+
+class PagedBatch:
+    """Up to ``max_rows`` sequences of one block pool, decoded together (the ragged paged batch).
+
+    Every sequence has the same block-table capacity (``max_blocks_cap``), so a bucket's
+    padded table ``[B, max_blocks_cap]`` has one shape; how many blocks each row really owns
+    is per-token data. A padding row's table is all null blocks and it writes null block slot 0.
+    """
+
+    step_kind = "paged"
+
+    def __init__(self, pool: KvBlockPool, max_rows: int, max_blocks_cap: int) -> None:
+        if not isinstance(pool, KvBlockPool):
+            raise KvCacheError(f"PagedBatch needs a KvBlockPool, got {type(pool).__name__}")
+        self.pool = pool
+        self._max_rows = check_size("PagedBatch", "max_rows", max_rows)
+        self.max_blocks_cap = check_size("PagedBatch", "max_blocks_cap", max_blocks_cap)
+        self.held: list[PagedSequence] = []
+
+    # ---- the protocol the batch decoder and held plans read ------------------------------
+    @property
+    def n_layers(self) -> int:
+        return self.pool.n_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pool.dtype
+
+    @property
+    def alloc_id(self) -> KvAllocId:
+        return self.pool.alloc_id
+
+    @property
+    def device_location(self):
+        return self.pool.device_location
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows
+
+    @property
+    def free_rows(self) -> int:
+        return self._max_rows - len(self.held)
+
+    @property
+    def width(self) -> int:
+        return self.max_blocks_cap * self.pool.block_size
+
+    max_seq_len = width
+
+    def plan_geometry(self, bucket: int, seq: int) -> tuple:
+        return (("bucket", bucket), ("seq", seq), ("max_blocks_cap", self.max_blocks_cap),
+                ("block_size", self.pool.block_size))
+
+    def acquire(self) -> PagedSequence:
+        if not self.free_rows:
+            raise KvOutOfSlotsError(f"PagedBatch: all {self._max_rows} rows are held; release one first")
+        seq = self.pool.sequence(self.max_blocks_cap)
+        seq.batch, seq.released = self, False
+        self.held.append(seq)
+        return seq
+
+    def owns(self, handle) -> bool:
+        return any(h is handle for h in self.held)
+
+    def release(self, handle: PagedSequence) -> None:
+        """Free the sequence's blocks to the pool at once and give its row back."""
+        if not self.owns(handle):
+            raise KvCacheError("PagedBatch.release: the sequence is not held by this batch (already released?)")
+        self.held = [h for h in self.held if h is not handle]
+        handle.free()
+        handle.released = True
+
+    def row_indices(self, rows: Sequence, positions: torch.Tensor, stale: Optional[dict] = None) -> dict:
+        """Flattened write offsets [B] and the stacked block tables [B, max_blocks_cap]."""
+        bs = self.pool.block_size
+        table = torch.full((len(rows), self.max_blocks_cap), NULL_BLOCK, dtype=torch.int64)
+        write = []
+        for i, row in enumerate(rows):
+            if row is None:
+                if stale and i in stale:  # negative control: the row keeps a finished sequence's table
+                    table[i] = stale[i]
+                    write.append(int(stale[i][int(positions[i]) // bs]) * bs + int(positions[i]) % bs)
+                else:
+                    write.append(NULL_BLOCK * bs)
+                continue
+            table[i] = row.block_table()[0]
+            p = int(positions[i])
+            write.append(row.blocks[p // bs] * bs + p % bs)
+        return {"block_table": table, "write_index": torch.tensor(write, dtype=torch.int64)}
+
+    def slot_of_row(self, handle) -> torch.Tensor:
+        return handle.block_table()[0].clone()
+
+    # ---- rebind source --------------------------------------------------------------------
+    def rebind_location(self):
+        return self.pool.device_location
+
+    def rebind_slot(self, layer: int, which: int):
+        if not 0 <= layer < self.pool.n_layers or which not in (0, 1):
+            return None
+        return (self.pool.k, self.pool.v)[which][layer]
+
+    def bound_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for i in range(self.pool.n_layers):
+            out += [self.pool.k[i], self.pool.v[i]]
+        return out
+
+    def bytes_per_slot(self) -> int:
+        """Bytes a sequence holds at full capacity (it owns only the blocks it has grown into)."""
+        return self.max_blocks_cap * self.pool.block_size * self.pool.bytes_per_token()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.bound_tensors())
+
+
+class BucketView:
+    """A batch cache as one bucket's held plan sees it: the bucket is part of the plan's geometry.
+
+    ``extra_geometry`` exists for the REBUILD_ON_JOIN negative control (which rows are live
+    keyed into the plan); a correct run never sets it.
+    """
+
+    def __init__(self, kv, bucket: int, extra_geometry: tuple = ()) -> None:
+        self.kv, self.bucket, self._extra = kv, bucket, extra_geometry
+        self.step_kind = kv.step_kind
+
+    n_layers = property(lambda self: self.kv.n_layers)
+    dtype = property(lambda self: self.kv.dtype)
+    alloc_id = property(lambda self: self.kv.alloc_id)
+    device_location = property(lambda self: self.kv.device_location)
+
+    def plan_geometry(self, seq: int) -> tuple:
+        return self.kv.plan_geometry(self.bucket, seq) + self._extra
+
+    def bound_tensors(self) -> list[torch.Tensor]:
+        return self.kv.bound_tensors()
+
+    def rebind_location(self):
+        return self.kv.rebind_location()
+
+    def rebind_slot(self, layer: int, which: int):
+        return self.kv.rebind_slot(layer, which)

@@ -23,7 +23,8 @@ from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import BackendSpec, build_program
-from fuelpipe.plan.fx_passes import passes_under
+from fuelpipe.plan.derived_weights import forget as forget_derived
+from fuelpipe.plan.fx_passes import passes_for_rows, passes_under
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
@@ -96,7 +97,8 @@ def build_session(
     key: PlanKey,
     fault: Fault = Fault.NONE,
 ) -> DecodeSession:
-    spec = dataclasses.replace(spec, fx_passes=passes_under(fault, spec.fx_passes))  # a fault's faulty pass, if any
+    passes = passes_for_rows(spec.fx_passes, host.batch)  # a batch step's linears are GEMMs
+    spec = dataclasses.replace(spec, fx_passes=passes_under(fault, passes))  # a fault's faulty pass, if any
     step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
     program = build_program(spec, step, step_kind)
     device = cache.bound_tensors()[0].device
@@ -126,7 +128,9 @@ class HeldPlan:
         self.stats = PlanStats()
 
     def drop(self) -> None:
+        """Forget the held plan (and the shared derived weight copies: the next build derives them afresh)."""
         self.session = None
+        forget_derived()
 
     def _build_and_run(self, backbone, cache, host, key) -> torch.Tensor:
         t0 = time.perf_counter()

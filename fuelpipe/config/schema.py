@@ -84,6 +84,14 @@ class KvConfig:
 
 
 @dataclass
+class BatchConfig:
+    """Batched decode (continuous batching; the batch oracles; several generation prompts)."""
+
+    max_batch: int = 8  # sequences decoded together (the batch cache's rows)
+    buckets: List[int] = field(default_factory=list)  # plan batch sizes; []: 1, 2, 4, ... up to max_batch
+
+
+@dataclass
 class BackendConfig:
     name: BackendName = BackendName.fx
     device: Device = Device.cpu
@@ -121,6 +129,10 @@ def _default_oracles() -> Dict[str, OracleConfig]:
         # The transformers twin; skipped, with the reason, when transformers is not installed.
         "vs_transformers": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
         "config_variants": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
+        # Batches: every row against its own B = 1 run, the write set of each step, builds per bucket.
+        "batch_vs_solo": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
+        "batch_isolation": OracleConfig(),
+        "batch_plan_accounting": OracleConfig(),
     }
 
 
@@ -203,6 +215,7 @@ class ExperimentConfig:
 class FuelpipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     kv: KvConfig = field(default_factory=KvConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)

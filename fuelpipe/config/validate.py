@@ -30,6 +30,7 @@ def validate(cfg: DictConfig) -> list[str]:
     reasons += _kv(cfg, model_cfg)
     reasons += _backend(cfg.backend)
     reasons += _plan(cfg.plan)
+    reasons += _batch(cfg.batch)
     reasons += _experiment(cfg.experiment, cfg.model.dtype.value, model_cfg)
     gen = cfg.experiment.generate
     if gen.enabled and cfg.model.weights is Weights.random:
@@ -180,6 +181,21 @@ def _plan(p: DictConfig) -> list[str]:
     if not torch.cuda.is_available():
         return ["plan=captured needs CUDA (graph capture), but torch.cuda.is_available() is False"]
     return [f"plan=captured {NOT_YET}; use plan=plan_once"]
+
+
+def batch_spec(b: DictConfig):
+    """The run's ``BatchSpec`` (raises ``ConfigError`` naming the key and value)."""
+    from fuelpipe.batch.buckets import BatchSpec
+
+    return BatchSpec(b.max_batch, tuple(b.buckets))
+
+
+def _batch(b: DictConfig) -> list[str]:
+    try:
+        batch_spec(b)
+    except ConfigError as err:
+        return [str(err)]
+    return []
 
 
 def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[str]:

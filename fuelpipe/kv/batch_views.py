@@ -30,7 +30,7 @@ class SlotKv(_Visible):
         self.write_pos, self.slot_ids = write_pos, slot_ids  # [B, T], [B]
 
     def _read(self, written: torch.Tensor) -> torch.Tensor:
-        return written[self.slot_ids]  # [B, Hkv, S, D]
+        return written.index_select(0, self.slot_ids)  # [B, Hkv, S, D]
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         """k, v: [B, Hkv, T, D]; mask [B, 1, T, S]. Returns (K, V [B, Hkv, S, D], mask)."""
@@ -47,7 +47,7 @@ class SlotPrefixKv(SlotKv):
         self.attended_len = attended_len
 
     def _read(self, written: torch.Tensor) -> torch.Tensor:
-        return written.narrow(2, 0, self.attended_len)[self.slot_ids]  # [B, Hkv, L, D]
+        return written.narrow(2, 0, self.attended_len).index_select(0, self.slot_ids)  # [B, Hkv, L, D]
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         return super().write_and_read(k, v, mask.narrow(-1, 0, self.attended_len))
@@ -63,6 +63,6 @@ class LatentSlotKv(_Visible):
     def write_and_read_latent(self, latent: torch.Tensor, rope_key: torch.Tensor, mask: torch.Tensor):
         """latent [B, T, r], rope_key [B, T, rope] -> (latents [B, S, r], rope keys [B, S, rope], mask)."""
         index = (self.slot_ids[:, None], self.write_pos)  # [B, T]
-        latents = self.latent_buf.index_put_(index, latent)[self.slot_ids]
-        rope_keys = self.rope_key_buf.index_put_(index, rope_key)[self.slot_ids]
+        latents = self.latent_buf.index_put_(index, latent).index_select(0, self.slot_ids)
+        rope_keys = self.rope_key_buf.index_put_(index, rope_key).index_select(0, self.slot_ids)
         return self._visible(latents, mask, 1), self._visible(rope_keys, mask, 1), mask

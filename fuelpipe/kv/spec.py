@@ -42,3 +42,21 @@ class KvSpec:
             pool = ctx.new_pool(self.num_blocks or cap + 1, self.block_size)
             return pool.sequence(cap)
         return ctx.new_cache(max_seq_len)
+
+    def new_batch(self, ctx, max_batch: int, max_seq_len: int):
+        """A batch cache of this layout: ``max_batch`` sequences of up to ``max_seq_len`` positions each.
+
+        Contiguous / latent: one batch-slot allocation. Paged: one pool shared by the rows, of
+        ``num_blocks`` blocks when set, else enough for every row at full length (+ the null block).
+        """
+        is_mla = ctx.model.latent_slots is not None
+        if is_mla != (self.layout == "latent"):
+            raise ConfigError(
+                f"kv={self.layout} cannot serve {ctx.model.family}: "
+                + ("MLA families decode from kv=latent" if is_mla else "kv=latent is for MLA families only")
+            )
+        if self.layout == "paged":
+            cap = self.blocks_for(max_seq_len)
+            pool = ctx.new_pool(self.num_blocks or max_batch * cap + 1, self.block_size)
+            return ctx.new_paged_batch(pool, max_batch, cap)
+        return ctx.new_batch_cache(max_batch, max_seq_len)

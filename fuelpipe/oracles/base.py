@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from fuelpipe.backbone import DecodeBackbone
+from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.faults import Fault
@@ -53,6 +54,7 @@ class OracleInput:
     other_model: Callable[[], DecodeBackbone]  # same config, different weights
     tolerance: Optional[float] = None  # max abs error, for tolerance oracles
     fault: Fault = Fault.NONE  # set only by a negative control
+    batch: BatchSpec = BatchSpec()  # the batch oracles' max_batch and buckets (config: batch.*)
 
     def cache(self, ctx: InferenceContext):
         return self.setup.kv.new_cache(ctx, self.max_seq_len)

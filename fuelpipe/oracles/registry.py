@@ -17,6 +17,9 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import (
+    batch_isolation,
+    batch_plan_accounting,
+    batch_vs_solo,
     cache_lifecycle,
     config_variants,
     key_sensitivity,
@@ -86,6 +89,9 @@ _SPECS = (
     OracleSpec("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
     OracleSpec("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
     OracleSpec("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
+    OracleSpec("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION),
+    OracleSpec("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
+    OracleSpec("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
 )
 ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 

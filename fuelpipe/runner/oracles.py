@@ -7,6 +7,7 @@ from typing import Iterable
 
 from omegaconf import DictConfig
 
+from fuelpipe.config.validate import batch_spec
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.oracles.registry import ORACLES, OracleSpec, Tolerance
@@ -44,6 +45,7 @@ def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
         other_model=asm.other_model,
         tolerance=tolerance,
         fault=spec.fault if control else Fault.NONE,
+        batch=batch_spec(cfg.batch),
     )
     t0 = time.perf_counter()
     try:

@@ -1,0 +1,243 @@
+"""Continuous batching: admit requests as others finish, decode every running one per batched step.
+
+Design (stated in the README):
+
+* **Admission.** Requests wait in FIFO order. One is admitted when a row is
+  free and the cache can hold its whole need (prompt + max_new_tokens - 1
+  positions) now; its slot or blocks are reserved up front, so a running
+  request never runs out of room mid-run. A request that could never fit
+  (longer than a row's capacity, more blocks than the pool has, positions
+  past the model's limit) is refused at once with its own typed error; the
+  others go on untouched.
+* **Prefill beside the batch.** A joining request's prompt is prefilled by
+  the one-sequence prefill step on its own slot (or its own paged sequence),
+  between two batched steps. The running rows are not stepped during it and
+  nothing of theirs is read or written, so their tokens cannot change.
+* **Decode.** Every running request feeds its last token in one batched step
+  (the smallest bucket holding them); each samples its next token with its
+  own sampler, so a seeded request draws the same tokens whatever its batch
+  neighbours are. A request that finishes (stop id or max_new_tokens) frees
+  its slot or blocks at once, and the next queued request may take them.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from fuelpipe.batch.buckets import BatchSpec
+from fuelpipe.batch.decoder import BatchDecoder
+from fuelpipe.context import InferenceContext, _as_id_list, _count
+from fuelpipe.errors import ConfigError, FuelpipeError, InputError, KvCapacityError
+from fuelpipe.kv.batch import PagedBatch
+from fuelpipe.sampling import Sampler, greedy, seeded
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request picks tokens: greedy (temperature 0) or seeded temperature / top-k sampling."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+
+    def sampler(self) -> Sampler:
+        """A fresh sampler: its random stream belongs to one request."""
+        return greedy if self.temperature == 0 else seeded(self.temperature, self.top_k, self.seed)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop_ids: tuple[int, ...] = ()
+    sampling: Sampling = Sampling()
+    name: str = ""
+
+    @property
+    def positions(self) -> int:
+        """KV positions the request writes (the last sampled token is never fed back)."""
+        return len(self.prompt_ids) + self.max_new_tokens - 1
+
+
+@dataclass
+class RequestResult:
+    index: int  # submission order
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # per token [vocab] f32, when kept
+    finish: str = "queued"  # queued | running | length | stop | refused | error
+    error: Optional[FuelpipeError] = None
+    admitted_step: Optional[int] = None  # batched steps run before it joined
+    finished_step: Optional[int] = None
+    prefill_s: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish in ("length", "stop", "refused", "error")
+
+
+class _Running:
+    def __init__(self, result: RequestResult, handle, sampler: Sampler, stops: set[int]) -> None:
+        self.result, self.handle, self.sampler, self.stops = result, handle, sampler, stops
+        self.last: int = -1
+
+
+class ContinuousBatcher:
+    """Serve many requests through one batch cache and one ``BatchDecoder`` (one held plan per bucket)."""
+
+    def __init__(self, ctx: InferenceContext, kv, spec: BatchSpec | int | None = None, *,
+                 keep_logits: bool = False,
+                 on_token: Optional[Callable[[int, int], None]] = None) -> None:
+        self.ctx, self.kv = ctx, kv
+        self.decoder = BatchDecoder(ctx, kv, spec)
+        self.keep_logits = keep_logits
+        self.on_token = on_token  # (request index, token)
+        self.results: list[RequestResult] = []
+        self._queue: deque[RequestResult] = deque()
+        self._running: list[_Running] = []
+        self.decode_s = 0.0  # time in batched steps
+        self.prefill_s = 0.0
+        self.batch_sizes: list[int] = []  # live rows per batched step
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestResult:
+        """Queue ``request``; malformed input raises ``InputError``, a request that can never fit is refused."""
+        req = self._checked(request)
+        result = RequestResult(len(self.results), req)
+        self.results.append(result)
+        reason = self._never_fits(req)
+        if reason is not None:
+            result.finish, result.error = "refused", reason
+        else:
+            self._queue.append(result)
+        return result
+
+    def _checked(self, r: Request) -> Request:
+        if not isinstance(r, Request):
+            raise InputError(f"submit takes a Request, got {type(r).__name__}")
+        prompt = tuple(_as_id_list(r.prompt_ids, "Request.prompt_ids"))
+        if not prompt:
+            raise InputError("Request.prompt_ids must hold at least one token")
+        vocab = self.ctx.model.dims.vocab_size
+        bad = sorted({t for t in prompt if not 0 <= t < vocab})
+        if bad:
+            raise InputError(f"Request.prompt_ids must lie in [0, {vocab}), got {bad[:8]}")
+        n = _count("Request.max_new_tokens", r.max_new_tokens)
+        if n < 1:
+            raise InputError(f"Request.max_new_tokens must be >= 1, got {n}")
+        stops = tuple(_as_id_list(r.stop_ids, "Request.stop_ids"))
+        if not isinstance(r.sampling, Sampling):
+            raise InputError(f"Request.sampling must be a Sampling, got {type(r.sampling).__name__}")
+        return Request(prompt, n, stops, r.sampling, str(r.name))
+
+    def _never_fits(self, req: Request) -> Optional[FuelpipeError]:
+        need = req.positions
+        limit = self.ctx.model.dims.max_position_embeddings
+        what = f"request {req.name or len(self.results) - 1!r} writes {need} positions ({len(req.prompt_ids)}-token " \
+               f"prompt + max_new_tokens {req.max_new_tokens} - 1)"
+        if need > limit:
+            return InputError(f"{what}, beyond the model's max_position_embeddings {limit}")
+        if need > self.kv.width:
+            return KvCapacityError(f"{what}, more than a batch row holds ({self.kv.width} positions)")
+        if isinstance(self.kv, PagedBatch):
+            blocks = -(-need // self.kv.pool.block_size)
+            usable = self.kv.pool.num_blocks - 1
+            if blocks > usable:
+                return KvCapacityError(f"{what}, which needs {blocks} blocks; the pool has {usable} in all")
+        return None
+
+    def _fits_now(self, req: Request) -> bool:
+        if not self.kv.free_rows:
+            return False
+        if isinstance(self.kv, PagedBatch):
+            return -(-req.positions // self.kv.pool.block_size) <= self.kv.pool.free_blocks
+        return True
+
+    # ---- running -------------------------------------------------------------------------
+    def _emit(self, run: _Running, logits_row: torch.Tensor) -> None:
+        """Sample ``run``'s next token from its logits [1, vocab]; finish it when done."""
+        res = run.result
+        try:
+            token = run.sampler(logits_row)
+        except FuelpipeError as err:  # a non-finite row fails this request only
+            self._finish(run, "error", err)
+            return
+        res.tokens.append(token)
+        if self.keep_logits:
+            res.logits.append(logits_row[0].clone())
+        if self.on_token is not None:
+            self.on_token(res.index, token)
+        run.last = token
+        if token in run.stops:
+            self._finish(run, "stop")
+        elif len(res.tokens) == res.request.max_new_tokens:
+            self._finish(run, "length")
+
+    def _finish(self, run: _Running, how: str, error: Optional[FuelpipeError] = None) -> None:
+        run.result.finish, run.result.error = how, error
+        run.result.finished_step = self.decoder.steps
+        self.kv.release(run.handle)  # its slot or blocks are free at once
+        if run in self._running:
+            self._running.remove(run)
+
+    def _admit(self) -> None:
+        while self._queue and self._fits_now(self._queue[0].request):
+            res = self._queue.popleft()
+            req = res.request
+            handle = self.kv.acquire()
+            run = _Running(res, handle, req.sampling.sampler(), set(req.stop_ids))
+            res.finish, res.admitted_step = "running", self.decoder.steps
+            try:
+                handle.reserve(req.positions)  # all its room now, or refused with nothing taken
+                t0 = time.perf_counter()
+                logits = self.ctx.prefill(handle, list(req.prompt_ids))
+                res.prefill_s = time.perf_counter() - t0
+                self.prefill_s += res.prefill_s
+            except FuelpipeError as err:
+                self._finish(run, "error", err)
+                continue
+            self._running.append(run)
+            self._emit(run, logits)
+
+    def step(self) -> bool:
+        """Admit what fits, then run one batched decode step. False when nothing is left to do."""
+        self._admit()
+        if not self._running:
+            return bool(self._queue)
+        runs = list(self._running)
+        t0 = time.perf_counter()
+        logits = self.decoder.step([r.handle for r in runs], [r.last for r in runs])  # [n, vocab]
+        self.decode_s += time.perf_counter() - t0
+        self.batch_sizes.append(len(runs))
+        for i, run in enumerate(runs):
+            self._emit(run, logits[i : i + 1])
+        return bool(self._running or self._queue)
+
+    def run(self, requests: Sequence[Request] = ()) -> list[RequestResult]:
+        """Submit ``requests``, serve everything queued to completion; results in submission order."""
+        for r in requests:
+            self.submit(r)
+        while self.step():
+            pass
+        return list(self.results)
+
+    def describe(self) -> dict:
+        tokens = sum(len(r.tokens) for r in self.results)
+        decoded = sum(self.batch_sizes)
+        return {**self.decoder.describe(), "requests": len(self.results),
+                "refused": sum(r.finish == "refused" for r in self.results),
+                "errors": sum(r.finish == "error" for r in self.results),
+                "tokens": tokens, "decode_s": self.decode_s, "prefill_s": self.prefill_s,
+                "decode_tokens_per_s": decoded / self.decode_s if self.decode_s else None,
+                "mean_batch": decoded / len(self.batch_sizes) if self.batch_sizes else None,
+                "bytes_per_row": self.kv.bytes_per_slot()}

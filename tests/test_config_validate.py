@@ -70,7 +70,7 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
         (["backend.fx_passes=[fuse_sibling_linear]"], [
             "unknown backend.fx_passes entry 'fuse_sibling_linear'; did you mean 'fuse_sibling_linears'? "
             "available: eliminate_dead_code_keeping_writes, fuse_sibling_linears, naive_eliminate_dead_code, "
-            "split_linears_across_threads, split_linears_across_threads_interleaved",
+            "split_linears_across_threads, split_linears_across_threads_interleaved, transpose_linears_for_gemm",
         ]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) and v and "=" in v[0] else None,

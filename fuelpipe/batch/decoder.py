@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.fx
 
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.context import InferenceContext, _token_int
@@ -25,16 +26,17 @@ from fuelpipe.errors import InputError
 from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.masks import row_mask_variants
+from fuelpipe.plan.derived_weights import owned_bytes
 from fuelpipe.plan.token_data import TokenHostData
 
 
 class BatchDecoder:
     def __init__(self, ctx: InferenceContext, kv, spec: BatchSpec | int | None = None) -> None:
+        ctx._check_batch_cache(kv)
         spec = BatchSpec(kv.max_rows) if spec is None else spec
         spec = BatchSpec(spec) if isinstance(spec, int) else spec
         if spec.max_batch > kv.max_rows:
             raise InputError(f"BatchDecoder: batch.max_batch={spec.max_batch} exceeds the cache's {kv.max_rows} rows")
-        ctx._check_batch_cache(kv)
         self.ctx, self.kv, self.spec = ctx, kv, spec
         self.fault = ctx.plan.fault
         self.plans: dict[int, HeldPlan] = {}  # bucket -> its held plan
@@ -55,12 +57,25 @@ class BatchDecoder:
         """bucket -> bytes of the held plan's own input buffers (weights and KV are shared, not counted)."""
         return {b: p.session.buffers.nbytes() for b, p in sorted(self.plans.items()) if p.session is not None}
 
+    def plan_weight_bytes(self) -> int:
+        """Bytes of weight copies the held plans own (fused, transposed), each shared copy counted once."""
+        model = self.ctx.model
+        own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        held: list[torch.Tensor] = []
+        for plan in self.plans.values():
+            if plan.session is not None:
+                gm = getattr(plan.session.program.fn, "_orig_mod", plan.session.program.fn)
+                if isinstance(gm, torch.fx.GraphModule):
+                    held += [*gm.parameters(), *gm.buffers()]
+        return sum(owned_bytes(held, own).values())
+
     def describe(self) -> dict:
         held = self.plans_held()
         return {"buckets": list(self.spec.buckets), "max_batch": self.spec.max_batch,
                 "builds": self.builds, "rebinds": self.rebinds,
                 "builds_per_bucket": {b: p.stats.builds for b, p in sorted(self.plans.items())},
                 "plans_held": len(held), "plan_buffer_bytes": sum(held.values()),
+                "plan_weight_bytes": self.plan_weight_bytes(),
                 "steps": self.steps, "rows_served": self.rows_served}
 
     # ---- one step ------------------------------------------------------------------------

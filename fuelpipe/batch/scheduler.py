@@ -108,6 +108,7 @@ class ContinuousBatcher:
         self.decode_s = 0.0  # time in batched steps
         self.prefill_s = 0.0
         self.batch_sizes: list[int] = []  # live rows per batched step
+        self.step_s: list[float] = []  # seconds per batched step
 
     # ---- requests ------------------------------------------------------------------------
     def submit(self, request: Request) -> RequestResult:
@@ -217,7 +218,9 @@ class ContinuousBatcher:
         runs = list(self._running)
         t0 = time.perf_counter()
         logits = self.decoder.step([r.handle for r in runs], [r.last for r in runs])  # [n, vocab]
-        self.decode_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.decode_s += took
+        self.step_s.append(took)
         self.batch_sizes.append(len(runs))
         for i, run in enumerate(runs):
             self._emit(run, logits[i : i + 1])

@@ -150,6 +150,8 @@ class GenerateConfig:
     # true: required (a random-weight model is then a configuration error); false: never.
     enabled: Optional[bool] = None
     prompt: str = "Explain in two sentences why the sky is blue."
+    # Several prompts: served together by continuous batching (batch.max_batch rows); replaces ``prompt``.
+    prompts: List[str] = field(default_factory=list)
     max_new_tokens: int = 48
     chat: Optional[bool] = None  # wrap the prompt in the chat template; null: when the checkpoint has one
     temperature: float = 0.0  # 0: greedy

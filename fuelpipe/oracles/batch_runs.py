@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from fuelpipe.batch import ContinuousBatcher, Request
 from fuelpipe.context import InferenceContext
+from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput
 from fuelpipe.sampling import greedy
 
@@ -44,8 +45,13 @@ def schedule(inp: OracleInput, min_tokens: int = MIN_TOKENS) -> Schedule:
 
 
 def solo_runs(inp: OracleInput, sched: Schedule):
-    """Each request alone (B = 1) on a one-sequence cache as wide as a batch row: (tokens, logits rows)."""
-    ctx = inp.setup.context(inp.model)
+    """Each request alone (B = 1) on a one-sequence cache as wide as a batch row: (tokens, logits rows).
+
+    Always plan_once: the reference is the B = 1 function, and that replan computes the same one
+    bit for bit is ``plan_vs_replan``'s check (a replan reference would rebuild, or recompile under
+    inductor, for every one of its tokens and add nothing).
+    """
+    ctx = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE)
     out = []
     for req in sched.requests:
         cache = inp.setup.kv.new_cache(ctx, sched.capacity)

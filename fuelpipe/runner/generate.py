@@ -13,7 +13,9 @@ from typing import Any, Optional, TextIO
 
 from omegaconf import DictConfig
 
+from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request, Sampling
 from fuelpipe.config.schema import KvLayout
+from fuelpipe.config.validate import batch_spec
 from fuelpipe.errors import ConfigError
 from fuelpipe.runner.assemble import Assembly
 from fuelpipe.sampling import Sampler, greedy, seeded
@@ -27,6 +29,10 @@ class GenerationRequest:
     chat: bool
     capacity: int  # KV positions the cache is built with (kv.max_seq_len when set)
     sampler: Sampler
+    # Several prompts (experiment.generate.prompts): served together by continuous batching.
+    batch: tuple["GenerationRequest", ...] = ()
+    batch_spec: Optional[BatchSpec] = None
+    sampling: Optional[Sampling] = None
 
     @property
     def positions(self) -> int:
@@ -43,21 +49,49 @@ def plan_generation(cfg: DictConfig, asm: Assembly) -> Optional[GenerationReques
     """The checked request, or None when the job generates nothing; raises ``ConfigError`` naming the numbers."""
     if not generation_wanted(cfg, asm):
         return None
-    gen, tok = cfg.experiment.generate, asm.tokenizer
+    gen = cfg.experiment.generate
+    if len(gen.prompts):
+        return _plan_batch(cfg, asm)
     prompt = cfg.prompt if cfg.prompt is not None else gen.prompt
+    return _plan_one(cfg, asm, prompt)
+
+
+def _plan_batch(cfg: DictConfig, asm: Assembly) -> GenerationRequest:
+    """Several prompts: each is checked as a request of its own; a row holds the longest one."""
+    gen = cfg.experiment.generate
+    if cfg.prompt is not None:
+        raise ConfigError("set either prompt=... (one prompt) or experiment.generate.prompts (several), not both")
+    spec = batch_spec(cfg.batch)
+    each = [_plan_one(cfg, asm, p, where=f"experiment.generate.prompts[{i}]") for i, p in enumerate(gen.prompts)]
+    capacity = max(r.capacity for r in each)
+    kv = asm.setup.kv
+    if cfg.kv.layout is KvLayout.paged and kv.num_blocks is not None:
+        blocks = max(kv.blocks_for(r.positions) for r in each)
+        if blocks + 1 > kv.num_blocks:
+            raise ConfigError(f"kv.num_blocks={kv.num_blocks} cannot hold the longest prompt's {blocks} blocks of "
+                              f"{kv.block_size} (plus the null block)")
+    sampling = Sampling(gen.temperature, gen.top_k, gen.seed)
+    first = each[0]
+    return GenerationRequest(first.prompt, first.ids, first.max_new_tokens, first.chat, capacity, first.sampler,
+                             batch=tuple(each), batch_spec=spec, sampling=sampling)
+
+
+def _plan_one(cfg: DictConfig, asm: Assembly, prompt: str, where: str = "") -> GenerationRequest:
+    gen, tok = cfg.experiment.generate, asm.tokenizer
+    which = f" ({where})" if where else ""
     n = cfg.max_new_tokens if cfg.max_new_tokens is not None else gen.max_new_tokens
     key = "max_new_tokens" if cfg.max_new_tokens is not None else "experiment.generate.max_new_tokens"
     if n < 1:
         raise ConfigError(f"{key} must be >= 1, got {n}")
     if not prompt.strip():
-        raise ConfigError(f"the generation prompt is empty ({prompt!r}); set prompt=\"...\"")
+        raise ConfigError(f"the generation prompt{which} is empty ({prompt!r}); set prompt=\"...\"")
     chat = tok.chat_template is not None if gen.chat is None else gen.chat
     ids = tuple(tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt))
     if not ids:
-        raise ConfigError(f"the generation prompt {prompt!r} encodes to no tokens (chat={chat})")
+        raise ConfigError(f"the generation prompt{which} {prompt!r} encodes to no tokens (chat={chat})")
     sampler = greedy if gen.temperature == 0 else seeded(gen.temperature, gen.top_k, gen.seed)
     need = len(ids) + n - 1
-    what = f"the generation writes {need} positions ({len(ids)}-token prompt + {key}={n} - 1)"
+    what = f"the generation{which} writes {need} positions ({len(ids)}-token prompt + {key}={n} - 1)"
     limit = asm.model.dims.max_position_embeddings
     if need > limit:
         raise ConfigError(f"{what}, beyond the model's max_position_embeddings {limit}")
@@ -80,6 +114,8 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
     """Generate ``req`` with the run's backend, plan mode and KV strategy."""
     if req is None:
         return None
+    if req.batch:
+        return _run_batch(cfg, asm, req, out)
     gen, tok = cfg.experiment.generate, asm.tokenizer
     ctx = asm.setup.context(asm.model)
     cache = asm.setup.kv.new_cache(ctx, req.capacity)
@@ -119,5 +155,52 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         "wall_s": wall,
         "kv_capacity": req.capacity,
         "plan_builds": ctx.plan.stats.builds,
+        "load": asm.load,
+    }
+
+
+def _run_batch(cfg: DictConfig, asm: Assembly, req: GenerationRequest, out: TextIO) -> dict[str, Any]:
+    """Every prompt through one continuous batcher: rows join as others finish (see fuelpipe.batch.scheduler)."""
+    gen, tok = cfg.experiment.generate, asm.tokenizer
+    ctx = asm.setup.context(asm.model)
+    spec = req.batch_spec
+    kv = asm.setup.kv.new_batch(ctx, spec.max_batch, req.capacity)
+    batcher = ContinuousBatcher(ctx, kv, spec)
+    base = req.sampling
+    for i, r in enumerate(req.batch):  # request i samples with seed + i: its own stream, whatever its neighbours
+        sampling = Sampling(base.temperature, base.top_k, base.seed + i)
+        batcher.submit(Request(r.ids, r.max_new_tokens, tuple(tok.stop_ids), sampling, name=f"prompt{i}"))
+    t0 = time.perf_counter()
+    results = batcher.run()
+    wall = time.perf_counter() - t0
+    rows = []
+    for r, res in zip(req.batch, results):
+        text = tok.decode(res.tokens)
+        if gen.stream:
+            out.write(f"--- [{res.index}] {r.prompt}\n{text}\n")
+        rows.append({"prompt": r.prompt, "prompt_tokens": len(r.ids), "text": text, "tokens": res.tokens,
+                     "new_tokens": len(res.tokens), "finish": res.finish,
+                     "error": None if res.error is None else f"{type(res.error).__name__}: {res.error}",
+                     "joined_at_step": res.admitted_step, "finished_at_step": res.finished_step,
+                     "prefill_ms": 1000.0 * res.prefill_s})
+    if gen.stream:
+        out.write("---\n")
+    d = batcher.describe()
+    total = sum(len(res.tokens) for res in results)
+    return {
+        "requests": rows,
+        "chat_template": req.chat,
+        "batch": {"max_batch": spec.max_batch, "buckets": list(spec.buckets), "kv": cfg.kv.layout.value,
+                  "kv_bytes_per_row": d["bytes_per_row"], "kv_bytes": kv.nbytes(), "steps": d["steps"],
+                  "mean_batch": d["mean_batch"], "builds": d["builds"], "builds_per_bucket": d["builds_per_bucket"],
+                  "plans_held": d["plans_held"], "plan_buffer_bytes": d["plan_buffer_bytes"],
+                  "plan_weight_bytes": d["plan_weight_bytes"]},
+        "new_tokens": total,
+        "decode_tokens_per_s": d["decode_tokens_per_s"],
+        "tokens_per_s": total / wall if wall else None,
+        "prefill_s": d["prefill_s"],
+        "decode_s": d["decode_s"],
+        "wall_s": wall,
+        "kv_capacity": req.capacity,
         "load": asm.load,
     }

@@ -178,3 +178,27 @@ def test_a_matching_checkpoint_and_random_weights_have_no_mismatch(compose_cfg, 
     doc = run_job(compose_cfg([*GGUF, f"model.path={tiny_gguf}", "experiment=generate", "max_new_tokens=2",
                                "experiment.generate.stream=false"]))
     assert doc["model"]["family_mismatch"] is None and doc["model"]["architecture"] == "llama"
+
+
+def test_several_prompts_are_served_by_continuous_batching(compose_cfg, tiny_gguf, capsys):
+    from fuelpipe.runner.table import render
+
+    cfg = compose_cfg([*GGUF, f"model.path={tiny_gguf}", "experiment=generate", "max_new_tokens=5",
+                       "batch.max_batch=2", "experiment.generate.stream=false"])
+    cfg.experiment.generate.prompts = ["a", "bcd efg", "hi there, how are you?"]
+    doc = run_job(cfg)
+    assert doc["status"] == "ok", doc.get("reasons")
+    gen = doc["generation"]
+    assert [r["prompt"] for r in gen["requests"]] == ["a", "bcd efg", "hi there, how are you?"]
+    assert all(r["finish"] in ("length", "stop") and r["tokens"] for r in gen["requests"])
+    assert gen["requests"][2]["joined_at_step"] > 0  # two rows: the third prompt waited for a free one
+    assert gen["batch"]["max_batch"] == 2 and gen["batch"]["builds"] == len(gen["batch"]["builds_per_bucket"])
+    assert "3 prompts" in render(doc)
+
+
+def test_several_prompts_with_one_too_long_is_refused_up_front(compose_cfg, tiny_gguf):
+    cfg = compose_cfg([*GGUF, f"model.path={tiny_gguf}", "experiment=generate", "max_new_tokens=500"])
+    cfg.experiment.generate.prompts = ["a", "b" * 40]
+    doc = run_job(cfg)
+    assert doc["status"] == "config_error"
+    assert any("experiment.generate.prompts[1]" in r and "max_position_embeddings" in r for r in doc["reasons"])

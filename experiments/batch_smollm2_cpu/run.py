@@ -2,9 +2,10 @@
 
     python experiments/batch_smollm2_cpu/run.py [--out experiments/batch_smollm2_cpu] [--new-tokens 48]
 
-1. Correctness: 8 greedy chat requests of different prompt lengths through one ContinuousBatcher
-   (batch.max_batch = 8, buckets 1, 2, 4, 8); each request's tokens against its own solo
-   ``ctx.generate`` (B = 1, the single-sequence held plan).
+1. Correctness: 8 greedy chat requests of different prompt lengths and token budgets through one
+   ContinuousBatcher (batch.max_batch = 8, buckets 1, 2, 4, 8: rows leave one by one, the batch
+   moves down the buckets); each request's tokens against its own solo ``ctx.generate`` (B = 1,
+   the single-sequence held plan).
 2. Throughput, side by side in one run (interleaved repetitions, medians): decode tokens/s of one
    stream (B = 1, the single-sequence plan) and of the batch (8 rows per step), both fx plan_once.
 3. Memory: KV bytes per row, plans held, their own buffers and the weight copies they hold.
@@ -85,7 +86,8 @@ def main() -> None:
     n = args.new_tokens
     width = max(len(i) for i in ids) + n
     spec = BatchSpec(8, (1, 2, 4, 8))
-    requests = [Request(tuple(i), n, name=f"p{k}") for k, i in enumerate(ids)]  # greedy, no stop: n tokens each
+    # greedy, no stop; budgets n, n - 4, ...: rows leave one by one and the batch moves down the buckets
+    requests = [Request(tuple(i), n - 4 * k, name=f"p{k}") for k, i in enumerate(ids)]
 
     # 1. correctness: each request batched vs alone
     ctx = InferenceContext(model, "fx", "plan_once")
@@ -93,7 +95,7 @@ def main() -> None:
     solo_ctx = InferenceContext(model, "fx", "plan_once")
     same = []
     for req, res in zip(requests, results):
-        tokens, _ = solo_stream(solo_ctx, list(req.prompt_ids), n, width)
+        tokens, _ = solo_stream(solo_ctx, list(req.prompt_ids), req.max_new_tokens, width)
         same.append(res.tokens == tokens)
     d = b.describe()
 
@@ -103,14 +105,15 @@ def main() -> None:
         _, tps = solo_stream(solo_ctx, ids[2], n, width)
         one.append(tps)
         t = ContinuousBatcher(ctx, ctx.new_batch_cache(8, width), spec)
-        t.run(requests)
+        t.run([Request(r.prompt_ids, n, name=r.name) for r in requests])  # all n tokens: 8 rows every step
         full = [i for i, size in enumerate(t.batch_sizes) if size == 8][1:]  # 8-row steps, past the first
         eight.append(8 * len(full) / sum(t.step_s[i] for i in full))
     ratio = statistics.median(eight) / statistics.median(one)
     record = {
         "commit": _commit(), "torch": torch.__version__, "cpu": _cpu(), "threads": torch.get_num_threads(),
         "model": "smollm2_135m f32", "backend": "fx", "plan": "plan_once", "offset_mode": ctx.offset_mode,
-        "prompt_tokens": [len(i) for i in ids], "new_tokens": n, "row_capacity": width,
+        "prompt_tokens": [len(i) for i in ids], "new_tokens": [r.max_new_tokens for r in requests],
+        "row_capacity": width, "batch_sizes": b.batch_sizes,
         "tokens_equal_solo": same, "all_equal": all(same),
         "b1_tokens_per_s": one, "b8_tokens_per_s": eight,
         "b1_median": statistics.median(one), "b8_median": statistics.median(eight), "ratio_b8_over_b1": ratio,

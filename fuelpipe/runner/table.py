@@ -23,7 +23,17 @@ def render(doc: dict[str, Any]) -> str:
     if doc.get("load"):
         lines.append(f"loaded: {doc['load']['summary']}")
     gen = doc.get("generation")
-    if gen:
+    if gen and "requests" in gen:  # several prompts, continuously batched
+        bt = gen["batch"]
+        done = sum(r["finish"] in ("length", "stop") for r in gen["requests"])
+        rate = gen["decode_tokens_per_s"]
+        lines.append(
+            f"generated {gen['new_tokens']} tokens for {len(gen['requests'])} prompts ({done} finished) in batches of "
+            f"up to {bt['max_batch']} (mean {bt['mean_batch'] or 0:.1f}): "
+            f"{'-' if rate is None else f'{rate:.1f}'} decoded tokens/s, {bt['builds']} plan build(s) "
+            f"{bt['builds_per_bucket']}, {bt['plans_held']} held; KV {bt['kv_bytes_per_row'] / 2**20:.1f} MiB per row"
+        )
+    elif gen:
         speed = f"{gen['tokens_per_s']:.1f} tokens/s ({gen['ms_per_token']:.1f} ms/token)" if gen["tokens_per_s"] else "-"
         lines.append(
             f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt: {speed}, "
@@ -37,13 +47,13 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]
     if doc["oracles"]:
-        lines.append(f"{'oracle':<18} {'result':<6} {'metric':<44} tolerance")
+        lines.append(f"{'oracle':<21} {'result':<6} {'metric':<44} tolerance")
         for o in doc["oracles"]:
             verdict = verdict_of(o)
             control = f" [negative control: {o['fault']}]" if o["negative_control"] else ""
-            lines.append(f"{o['name']:<18} {verdict:<6} {_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}")
+            lines.append(f"{o['name']:<21} {verdict:<6} {_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}")
             if not o["passed"]:  # a failure says what diverged, a skip why nothing was checked
-                lines.append(f"{'':<25}{o['detail']}")
+                lines.append(f"{'':<28}{o['detail']}")
     bench = doc["bench"]
     if bench:
         lines.append(

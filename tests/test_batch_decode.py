@@ -187,3 +187,13 @@ def test_stop_ids_refusals_and_a_short_pool_queue_requests():
         b.submit(Request((1,), 0))
     with pytest.raises(InputError, match=r"must lie in \[0, 256\)"):
         b.submit(Request((999,), 2))
+
+
+def test_room_held_outside_the_batcher_refuses_instead_of_waiting_forever():
+    ctx = InferenceContext(tiny("llama"), "eager", "plan_once")
+    kv = ctx.new_paged_batch(ctx.new_pool(1 + 4, 4), 2, 4)
+    squatter = kv.pool.sequence(4)
+    squatter.reserve(12)  # 3 of the 4 blocks, held by hand, never by the batcher
+    res = ContinuousBatcher(ctx, kv, 2).run([Request((1, 2, 3), 6), Request((1,), 3)])
+    assert res[0].finish == "refused" and "held outside the batcher" in str(res[0].error)
+    assert res[1].finish == "length" and len(res[1].tokens) == 3  # one block is enough for it

@@ -14,7 +14,7 @@ from fuelpipe.results import schema_problems
 @pytest.mark.slow  # ~3 min: .ci/run runs it in its own step (the README main command)
 def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_path):
     """The README's main command: the real SmolLM2 checkpoint, generated text, every oracle, the benchmark."""
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, default_model=True, timeout=600)
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, default_model=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for name in ORACLES:  # every registered oracle is on by default, and passes (transformers is a test extra)

@@ -72,6 +72,13 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
             "available: eliminate_dead_code_keeping_writes, fuse_sibling_linears, naive_eliminate_dead_code, "
             "split_linears_across_threads, split_linears_across_threads_interleaved, transpose_linears_for_gemm",
         ]),
+        (["batch.max_batch=0"], ["batch.max_batch must be an integer >= 1, got 0"]),
+        (["batch.buckets=[1,2,4]"], [
+            "batch.buckets [1, 2, 4] cannot serve batch.max_batch=8: the largest bucket must be >= max_batch "
+            "(a full batch needs a plan)",
+        ]),
+        (["batch.buckets=[4,0,8]"], ["batch.buckets must be integers >= 1, got [0] in [4, 0, 8]"]),
+        (["batch.buckets=[2,2,8]"], ["batch.buckets must not repeat a size, got [2, 2, 8]"]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) and v and "=" in v[0] else None,
 )

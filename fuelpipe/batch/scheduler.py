@@ -213,8 +213,18 @@ class ContinuousBatcher:
     def step(self) -> bool:
         """Admit what fits, then run one batched decode step. False when nothing is left to do."""
         self._admit()
+        if not self._running and self._queue:
+            # Nothing runs, so nothing will free room: what the head needs is held outside this batcher
+            # (sequences acquired from the same cache or pool by hand). Refuse it instead of waiting forever.
+            res = self._queue.popleft()
+            res.finish, res.error = "refused", KvCapacityError(
+                f"request {res.request.name or res.index!r} needs {res.request.positions} positions but nothing this "
+                f"batcher runs holds the room it lacks (free rows {self.kv.free_rows}"
+                + (f", free blocks {self.kv.pool.free_blocks}" if isinstance(self.kv, PagedBatch) else "")
+                + "); the rest is held outside the batcher")
+            return True
         if not self._running:
-            return bool(self._queue)
+            return False
         runs = list(self._running)
         t0 = time.perf_counter()
         logits = self.decoder.step([r.handle for r in runs], [r.last for r in runs])  # [n, vocab]

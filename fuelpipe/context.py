@@ -120,13 +120,17 @@ class InferenceContext:
         d = self.model.dims
         return KvBlockPool(d.n_layers, d.n_kv_heads, d.head_dim, num_blocks, block_size, dtype or self.dtype, self.device)
 
+    def _positions(self, what: str, max_seq_len: int) -> int:
+        """``max_seq_len`` checked: a positive int within the model's max_position_embeddings."""
+        limit = self.model.dims.max_position_embeddings
+        max_seq_len = check_size(what, "max_seq_len", max_seq_len)
+        if max_seq_len > limit:
+            raise ConfigError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {limit}")
+        return max_seq_len
+
     def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
         d = self.model.dims
-        max_seq_len = check_size("new_cache", "max_seq_len", max_seq_len)
-        if max_seq_len > d.max_position_embeddings:
-            raise ConfigError(
-                f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
-            )
+        max_seq_len = self._positions("new_cache", max_seq_len)
         if self.model.latent_slots is not None:
             return LatentKvCache(d.n_layers, self.model.latent_slots, max_seq_len, dtype or self.dtype, self.device)
         return ContiguousKvCache.with_capacity(
@@ -136,11 +140,7 @@ class InferenceContext:
     def new_batch_cache(self, max_batch: int, max_seq_len: int, dtype: Optional[torch.dtype] = None):
         """A batch-slot cache of ``max_batch`` sequences x ``max_seq_len`` positions (latent for MLA families)."""
         d = self.model.dims
-        max_seq_len = check_size("new_batch_cache", "max_seq_len", max_seq_len)
-        if max_seq_len > d.max_position_embeddings:
-            raise ConfigError(
-                f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {d.max_position_embeddings}"
-            )
+        max_seq_len = self._positions("new_batch_cache", max_seq_len)
         if self.model.latent_slots is not None:
             return BatchLatentCache(d.n_layers, self.model.latent_slots, max_batch, max_seq_len, dtype or self.dtype,
                                     self.device)

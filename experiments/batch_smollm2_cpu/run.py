@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from fuelpipe.bench.peers.experiment import cpu_name
 from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request
 from fuelpipe.context import InferenceContext
 from fuelpipe.weights.loader import load_named
@@ -40,16 +40,6 @@ PROMPTS = [
     "Translate to French: The quick brown fox jumps over the lazy dog while the cat watches from the window "
     "and the rain keeps falling on the old roof of the house by the sea.",
 ]
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _commit() -> str:
@@ -110,7 +100,7 @@ def main() -> None:
         eight.append(8 * len(full) / sum(t.step_s[i] for i in full))
     ratio = statistics.median(eight) / statistics.median(one)
     record = {
-        "commit": _commit(), "torch": torch.__version__, "cpu": _cpu(), "threads": torch.get_num_threads(),
+        "commit": _commit(), "torch": torch.__version__, "cpu": cpu_name(), "threads": torch.get_num_threads(),
         "model": "smollm2_135m f32", "backend": "fx", "plan": "plan_once", "offset_mode": ctx.offset_mode,
         "prompt_tokens": [len(i) for i in ids], "new_tokens": [r.max_new_tokens for r in requests],
         "row_capacity": width, "batch_sizes": b.batch_sizes,

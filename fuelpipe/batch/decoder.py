@@ -80,6 +80,7 @@ class BatchDecoder:
 
     # ---- one step ------------------------------------------------------------------------
     def _checked(self, rows: Sequence, tokens: Sequence) -> tuple[list, list[int]]:
+        self.ctx._check_batch_cache(self.kv)  # the context may serve another model since (switch_model)
         rows, n = list(rows), len(rows)
         if not 1 <= n <= self.spec.max_batch:
             raise InputError(f"a batch step serves 1..batch.max_batch={self.spec.max_batch} rows, got {n}")

@@ -24,7 +24,7 @@ from fuelpipe.errors import KvCacheError, KvCapacityError
 from fuelpipe.identity import KvAllocId
 from fuelpipe.kv.contiguous import ContiguousKvCache, KvLayer
 from fuelpipe.kv.latent import LatentKvCache
-from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, PagedSequence
+from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, PagedSequence, PoolFacing
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 NULL_SLOT = 0
@@ -253,7 +253,7 @@ class LatentSlotCache(LatentKvCache):
         super().check_room(start, n)
 
 
-class PagedBatch:
+class PagedBatch(PoolFacing):
     """Up to ``max_rows`` sequences of one block pool, decoded together (the ragged paged batch).
 
     Every sequence has the same block-table capacity (``max_blocks_cap``), so a bucket's
@@ -271,23 +271,7 @@ class PagedBatch:
         self.max_blocks_cap = check_size("PagedBatch", "max_blocks_cap", max_blocks_cap)
         self.held: list[PagedSequence] = []
 
-    # ---- the protocol the batch decoder and held plans read ------------------------------
-    @property
-    def n_layers(self) -> int:
-        return self.pool.n_layers
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.pool.dtype
-
-    @property
-    def alloc_id(self) -> KvAllocId:
-        return self.pool.alloc_id
-
-    @property
-    def device_location(self):
-        return self.pool.device_location
-
+    # ---- the protocol the batch decoder and held plans read (the pool's part: PoolFacing) --
     @property
     def max_rows(self) -> int:
         return self._max_rows
@@ -295,12 +279,6 @@ class PagedBatch:
     @property
     def free_rows(self) -> int:
         return self._max_rows - len(self.held)
-
-    @property
-    def width(self) -> int:
-        return self.max_blocks_cap * self.pool.block_size
-
-    max_seq_len = width
 
     def plan_geometry(self, bucket: int, seq: int) -> tuple:
         return (("bucket", bucket), ("seq", seq), ("max_blocks_cap", self.max_blocks_cap),
@@ -345,21 +323,6 @@ class PagedBatch:
 
     def slot_of_row(self, handle) -> torch.Tensor:
         return handle.block_table()[0].clone()
-
-    # ---- rebind source --------------------------------------------------------------------
-    def rebind_location(self):
-        return self.pool.device_location
-
-    def rebind_slot(self, layer: int, which: int):
-        if not 0 <= layer < self.pool.n_layers or which not in (0, 1):
-            return None
-        return (self.pool.k, self.pool.v)[which][layer]
-
-    def bound_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for i in range(self.pool.n_layers):
-            out += [self.pool.k[i], self.pool.v[i]]
-        return out
 
     def bytes_per_slot(self) -> int:
         """Bytes a sequence holds at full capacity (it owns only the blocks it has grown into)."""

@@ -90,20 +90,13 @@ class KvBlockPool:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
 
 
-class PagedSequence:
-    """One request's view of the pool: its block table, length and the plan-facing cache protocol."""
+class PoolFacing:
+    """What anything decoding from one ``KvBlockPool`` shows a plan: the pool's geometry, identity,
+    residency and buffers (a sequence's blocks and table are per-token data, not part of these)."""
 
-    step_kind = "paged"
+    pool: KvBlockPool
+    max_blocks_cap: int
 
-    def __init__(self, pool: KvBlockPool, max_blocks_cap: int) -> None:
-        max_blocks_cap = check_size("PagedSequence", "max_blocks_cap", max_blocks_cap)
-        self.pool = pool
-        self.max_blocks_cap = max_blocks_cap
-        self.blocks: list[int] = []
-        self.cached_len = 0
-        self._table = torch.full((1, max_blocks_cap), NULL_BLOCK, dtype=torch.int64)  # [1, cap]
-
-    # ---- geometry & identity (what the plan key reads) ------------------------------------
     @property
     def n_layers(self) -> int:
         return self.pool.n_layers
@@ -122,17 +115,51 @@ class PagedSequence:
 
     @property
     def width(self) -> int:
-        """Attention width: every position the padded block table can name."""
+        """Attention width: every position a padded block table can name."""
         return self.max_blocks_cap * self.pool.block_size
 
-    max_seq_len = width
+    @property
+    def max_seq_len(self) -> int:
+        return self.width
 
+    # ---- rebind source --------------------------------------------------------------------
+    def rebind_location(self):
+        return self.pool.device_location
+
+    def rebind_slot(self, layer: int, which: int):
+        if not 0 <= layer < self.pool.n_layers or which not in (0, 1):
+            return None
+        return (self.pool.k, self.pool.v)[which][layer]
+
+    def bound_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for i in range(self.pool.n_layers):
+            out += [self.pool.k[i], self.pool.v[i]]
+        return out
+
+
+class PagedSequence(PoolFacing):
+    """One request's view of the pool: its block table, length and the plan-facing cache protocol."""
+
+    step_kind = "paged"
+
+    def __init__(self, pool: KvBlockPool, max_blocks_cap: int) -> None:
+        max_blocks_cap = check_size("PagedSequence", "max_blocks_cap", max_blocks_cap)
+        self.pool = pool
+        self.max_blocks_cap = max_blocks_cap
+        self.blocks: list[int] = []
+        self.cached_len = 0
+        self._table = torch.full((1, max_blocks_cap), NULL_BLOCK, dtype=torch.int64)  # [1, cap]
+
+    # ---- geometry (what the plan key reads) -------------------------------------------------
     def plan_geometry(self, seq: int) -> tuple:
         return (("seq", seq), ("max_blocks_cap", self.max_blocks_cap), ("block_size", self.pool.block_size))
 
     # ---- growth ---------------------------------------------------------------------------
     def check_room(self, start: int, n: int) -> None:
         """Make positions [start, start+n) writable, allocating blocks atomically, or raise (nothing changes)."""
+        if getattr(self, "released", False):  # a batch row handed back (PagedBatch.release): its blocks are gone
+            raise KvCacheError("PagedSequence: this batch row was released; acquire a new one")
         end = start + n
         if start < 0 or end > self.width:
             raise KvCapacityError(
@@ -198,21 +225,6 @@ class PagedSequence:
 
     def bump_all_versions(self) -> None:  # the pool tracks no per-slot versions
         pass
-
-    # ---- rebind source --------------------------------------------------------------------
-    def rebind_location(self):
-        return self.pool.device_location
-
-    def rebind_slot(self, layer: int, which: int):
-        if not 0 <= layer < self.pool.n_layers or which not in (0, 1):
-            return None
-        return (self.pool.k, self.pool.v)[which][layer]
-
-    def bound_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for i in range(self.pool.n_layers):
-            out += [self.pool.k[i], self.pool.v[i]]
-        return out
 
     def bytes_per_token(self) -> int:
         return self.pool.bytes_per_token()

@@ -25,18 +25,21 @@ class KvSpec:
         """Block-table capacity for ``max_seq_len`` positions."""
         return -(-max_seq_len // self.block_size)
 
-    def new_cache(self, ctx, max_seq_len: int):
-        """A cache of this layout for ``ctx``'s model, able to hold ``max_seq_len`` positions.
-
-        Paged: a pool of its own per request (so requests are separate allocations), unless
-        ``num_blocks`` is set, in which case that many blocks are allocated for it.
-        """
+    def _check_serves(self, ctx) -> None:
         is_mla = ctx.model.latent_slots is not None
         if is_mla != (self.layout == "latent"):
             raise ConfigError(
                 f"kv={self.layout} cannot serve {ctx.model.family}: "
                 + ("MLA families decode from kv=latent" if is_mla else "kv=latent is for MLA families only")
             )
+
+    def new_cache(self, ctx, max_seq_len: int):
+        """A cache of this layout for ``ctx``'s model, able to hold ``max_seq_len`` positions.
+
+        Paged: a pool of its own per request (so requests are separate allocations), unless
+        ``num_blocks`` is set, in which case that many blocks are allocated for it.
+        """
+        self._check_serves(ctx)
         if self.layout == "paged":
             cap = self.blocks_for(max_seq_len)
             pool = ctx.new_pool(self.num_blocks or cap + 1, self.block_size)
@@ -49,12 +52,7 @@ class KvSpec:
         Contiguous / latent: one batch-slot allocation. Paged: one pool shared by the rows, of
         ``num_blocks`` blocks when set, else enough for every row at full length (+ the null block).
         """
-        is_mla = ctx.model.latent_slots is not None
-        if is_mla != (self.layout == "latent"):
-            raise ConfigError(
-                f"kv={self.layout} cannot serve {ctx.model.family}: "
-                + ("MLA families decode from kv=latent" if is_mla else "kv=latent is for MLA families only")
-            )
+        self._check_serves(ctx)
         if self.layout == "paged":
             cap = self.blocks_for(max_seq_len)
             pool = ctx.new_pool(self.num_blocks or max_batch * cap + 1, self.block_size)

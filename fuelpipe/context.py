@@ -159,7 +159,7 @@ class InferenceContext:
             raise ConfigError(f"a batch decode needs a batch cache (ctx.new_batch_cache, ctx.new_paged_batch), "
                               f"got {type(kv).__name__}")
         if isinstance(kv, PagedBatch):
-            self._check_cache(kv.pool.sequence(1))
+            self._check_cache(kv)  # a PagedBatch shows the pool's geometry like a sequence does (PoolFacing)
             return
         m, d = self.model, self.model.dims
         if kv.dtype != self.dtype:

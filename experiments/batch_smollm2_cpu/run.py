@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import torch

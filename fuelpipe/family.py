@@ -7,10 +7,12 @@ or a deep copy.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
+from fuelpipe.errors import ConfigError
 from fuelpipe.identity import ModelInstanceId, shape_key, structure_fields
 
 
@@ -46,3 +48,32 @@ class DecoderModel(nn.Module):
         if cached is None or cached[0] is not self.config:  # a replaced config is a new structure
             cached = self._shape_key = (self.config, shape_key(self.family, self.structure(), self.instance_id))
         return cached[1]
+
+
+@dataclass(frozen=True)
+class FamilyEntry:
+    """A model family as the registry knows it (``fuelpipe.families`` entry points).
+
+    ``sizes`` maps a size name to a builder that only fills in numbers
+    (``llama_tiny(**overrides)``); ``config_cls`` is the config dataclass
+    (checkpoint loaders build it from file metadata, and overrides are checked
+    against its fields); ``architectures`` say which checkpoint architectures
+    (GGUF ``general.architecture``, HF ``architectures``) this family loads and
+    how their names map onto its parameters.
+    """
+
+    name: str
+    model_cls: type
+    sizes: Mapping[str, Callable[..., object]]
+    is_mla: bool = False
+    config_cls: type | None = None
+    architectures: tuple = ()  # fuelpipe.weights.architectures.Architecture, one per checkpoint architecture
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_cls, type):
+            raise ConfigError(f"family {self.name!r}: model_cls must be a class, got {self.model_cls!r}")
+        if not self.sizes:
+            raise ConfigError(f"family {self.name!r} names no sizes; give at least one builder (e.g. 'tiny')")
+        for arch in self.architectures:
+            if getattr(arch, "family", self.name) != self.name:
+                raise ConfigError(f"family {self.name!r} lists an architecture of family {arch.family!r}")

@@ -1,52 +1,36 @@
-"""Family and named-size registry: the one place the framework looks a family up by name.
+"""Family and named-size lookups: the one place the framework looks a family up by name.
 
-A family registers its model class and its named config builders. Builders
-take every number as an argument (``LlamaConfig(...)``); named builders only
-fill in numbers (``llama_tiny()``).
+Families come from the ``fuelpipe.families`` entry points (the five built-ins
+are entry points of fuelpipe itself, see ``pyproject.toml``) and from
+``register_family`` in-process. A family registers its model class and its
+named config builders. Builders take every number as an argument
+(``LlamaConfig(...)``); named builders only fill in numbers (``llama_tiny()``).
 """
 from __future__ import annotations
 
-import difflib
 import numbers
-import threading
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.family import FamilyEntry
 from fuelpipe.random_init import randomize
+from fuelpipe.registry import Registry, did_you_mean
 from models.overrides import checked_overrides
 
+__all__ = ["FAMILIES", "FamilyEntry", "build_config", "build_random_model", "did_you_mean", "families", "family",
+           "register_family"]
 
-@dataclass(frozen=True)
-class FamilyEntry:
-    name: str
-    model_cls: type
-    sizes: dict[str, Callable[..., object]]
-    is_mla: bool = False
-    config_cls: type | None = None  # the config dataclass; checkpoint loaders build it from file metadata
+FAMILIES: Registry[FamilyEntry] = Registry("fuelpipe.families", "model family", FamilyEntry)
 
 
-_FAMILIES: dict[str, FamilyEntry] = {}
-
-
-def register_family(entry: FamilyEntry) -> None:
-    if entry.name in _FAMILIES:
-        raise ConfigError(f"family {entry.name!r} is already registered")
-    _FAMILIES[entry.name] = entry
-
-
-def did_you_mean(kind: str, name: str, available) -> str:
-    options = sorted(available)
-    close = difflib.get_close_matches(name, options, n=1)
-    hint = f" did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r};{hint} available: {', '.join(options)}"
+def register_family(entry: FamilyEntry) -> FamilyEntry:
+    """Register a family in-process (an installed package uses a ``fuelpipe.families`` entry point)."""
+    return FAMILIES.register(entry)
 
 
 def families() -> dict[str, FamilyEntry]:
-    _load_builtin()
-    return dict(_FAMILIES)
+    return FAMILIES.entries()
 
 
 def family(name: str) -> FamilyEntry:
@@ -88,42 +72,3 @@ def build_random_model(family_name: str, size: str, *, seed: int = 0, dtype=torc
         raise ConfigError(f"device {device!r} is not a torch device: {e}") from None
     model = family(family_name).model_cls(config, device=device, dtype=dtype)
     return randomize(model, seed=seed)
-
-
-_loaded = False
-_load_lock = threading.Lock()
-
-
-def _load_builtin() -> None:
-    global _loaded
-    with _load_lock:  # registration must finish before any thread reads the registry
-        if _loaded:
-            return
-        _register_builtin()
-        _loaded = True
-
-
-def _register_builtin() -> None:
-    import models.deepseek_v2 as deepseek_v2
-    import models.gemma3 as gemma3
-    import models.llama as llama
-    import models.phi as phi
-    import models.qwen3 as qwen3
-
-    register_family(FamilyEntry("llama", llama.LlamaModel, {"tiny": llama.llama_tiny, "smollm2_135m": llama.smollm2_135m},
-                                config_cls=llama.LlamaConfig))
-    register_family(FamilyEntry("phi", phi.PhiModel, {"tiny": phi.phi_tiny, "phi3_mini_4k": phi.phi3_mini_4k},
-                                config_cls=phi.PhiConfig))
-    register_family(FamilyEntry("qwen3", qwen3.Qwen3Model, {"tiny": qwen3.qwen3_tiny, "qwen3_0_6b": qwen3.qwen3_0_6b},
-                                config_cls=qwen3.Qwen3Config))
-    register_family(FamilyEntry("gemma3", gemma3.Gemma3Model, {"tiny": gemma3.gemma3_tiny, "gemma3_1b": gemma3.gemma3_1b},
-                                config_cls=gemma3.Gemma3Config))
-    register_family(
-        FamilyEntry(
-            "deepseek_v2",
-            deepseek_v2.DeepseekV2Model,
-            {"tiny": deepseek_v2.deepseek_v2_tiny, "tiny_dense": deepseek_v2.deepseek_v2_tiny_dense},
-            is_mla=True,
-            config_cls=deepseek_v2.DeepseekV2Config,
-        )
-    )

@@ -91,7 +91,9 @@ def fused_linears_drop_bias(mp):
             if name.startswith("fused_linear") and mod.bias is not None:
                 mod.bias.data.zero_()
         return fused
-    mp.setitem(fx_passes.PASSES, "fuse_sibling_linears", fuse)
+    registered = fx_passes.FX_PASSES
+    entry = (fx_passes.FxPass("fuse_sibling_linears", fuse), registered.source("fuse_sibling_linears"))
+    mp.setitem(registered._all(), "fuse_sibling_linears", entry)  # the registry's live table, restored by mp
 
 
 def identity_blind_to_storage(mp):

@@ -35,12 +35,6 @@ class KvLayout(enum.Enum):
     latent = "latent"
 
 
-class BackendName(enum.Enum):
-    eager = "eager"
-    fx = "fx"
-    inductor = "inductor"
-
-
 class Device(enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -93,7 +87,7 @@ class BatchConfig:
 
 @dataclass
 class BackendConfig:
-    name: BackendName = BackendName.fx
+    name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
     device: Device = Device.cpu
     fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes"])
     threads: Optional[int] = None  # torch intra-op threads; null: torch's default

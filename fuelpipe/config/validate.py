@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from fuelpipe.config.keys import unknown_keys
 from fuelpipe.config.schema import Device, KvLayout, PlanModeName, Weights
 from fuelpipe.errors import ConfigError
-from fuelpipe.plan.fx_passes import NEGATIVE_CONTROL_PASSES, PASSES
+from fuelpipe.plan.fx_passes import FX_PASSES
 from models.registry import build_config, did_you_mean, families
 
 NOT_YET = "is not implemented yet (CUDA graph capture is not built; see README 'Known limits')"
@@ -158,16 +158,18 @@ def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
 
 
 def _backend(b: DictConfig) -> list[str]:
-    reasons = []
+    from fuelpipe.plan.backends import BACKENDS
+
+    reasons = [] if b.name in BACKENDS else [did_you_mean("backend.name", b.name, BACKENDS)]
     if b.device is Device.cuda and not torch.cuda.is_available():
         reasons.append("backend.device=cuda but torch.cuda.is_available() is False")
     for name in b.fx_passes:
-        if name not in PASSES:
-            reasons.append(did_you_mean("backend.fx_passes entry", name, PASSES))
+        if name not in FX_PASSES:
+            reasons.append(did_you_mean("backend.fx_passes entry", name, FX_PASSES))
         elif name == "naive_eliminate_dead_code":
             reasons.append("backend.fx_passes: naive_eliminate_dead_code drops KV writes; it exists only "
                            "as a negative control (experiment.negative_control)")
-        elif name in NEGATIVE_CONTROL_PASSES:
+        elif FX_PASSES.get(name).negative_control_only:
             reasons.append(f"backend.fx_passes: {name} is a deliberately wrong pass; it exists only "
                            "as a negative control (experiment.negative_control)")
     if b.threads is not None and b.threads < 1:
@@ -199,19 +201,19 @@ def _batch(b: DictConfig) -> list[str]:
 
 
 def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[str]:
-    from fuelpipe.oracles.registry import ORACLES, Tolerance
+    from fuelpipe.oracles.registry import ORACLES, Tolerance, enabled_oracles
 
     reasons = []
     for name, oc in exp.oracles.items():
         if name not in ORACLES:
             reasons.append(did_you_mean("oracle in experiment.oracles", name, ORACLES))
             continue
-        kind = ORACLES[name].tolerance
+        kind = ORACLES.get(name).tolerance
         if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in oc.tolerance:
             reasons.append(f"experiment.oracles.{name}.tolerance has no entry for model.dtype={dtype}")
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
-    enabled = [n for n, oc in exp.oracles.items() if oc.enabled]
+    enabled = enabled_oracles(exp.oracles)
     if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not exp.peers.enabled \
             and not exp.context.enabled:
         reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")

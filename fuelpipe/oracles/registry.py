@@ -1,8 +1,9 @@
 """The oracle registry: each oracle registered once, with its tolerance kind and its fault.
 
 An experiment names oracles by these keys (``experiment.oracles.<name>``);
-an unknown name fails with "did you mean ...? available: ...". The mapping
-is built once from this module's table and is read-only.
+an unknown name fails with "did you mean ...? available: ...". The built-ins
+below are the ``fuelpipe.oracles`` entry point of fuelpipe itself; an
+installed package adds its own the same way (or ``ORACLES.register`` in-process).
 """
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import dataclasses
 
 import enum
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Callable, Mapping
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.errors import ConfigError
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import (
     batch_isolation,
@@ -32,7 +31,7 @@ from fuelpipe.oracles import (
     vs_transformers,
 )
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
-from models.registry import did_you_mean
+from fuelpipe.registry import Registry
 
 
 class Tolerance(enum.Enum):
@@ -49,6 +48,10 @@ class OracleSpec:
     fault: Fault  # what the negative control injects; the oracle must then fail
     # The setup the fault needs to be observable, applied only under the negative control.
     fault_setup: Callable[[Setup], Setup] = lambda setup: setup
+    # For oracles without an ``experiment.oracles.<name>`` entry in the config schema (those an
+    # installed package adds): whether the default gate runs it, and its MAX_ABS tolerance per dtype.
+    enabled_by_default: bool = False
+    default_tolerance: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _fx_symbol_path(setup: Setup) -> Setup:
@@ -72,7 +75,7 @@ def _fx_passes(setup: Setup) -> Setup:
     return setup.with_backend("fx") if setup.backend.name == "eager" else setup
 
 
-_SPECS = (
+BUILTIN_ORACLES = (
     OracleSpec("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
     OracleSpec(
         "vs_reference", vs_reference.run, Tolerance.MAX_ABS, Fault.NAIVE_DCE,
@@ -93,10 +96,31 @@ _SPECS = (
     OracleSpec("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
     OracleSpec("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
 )
-ORACLES: Mapping[str, OracleSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
+ORACLES: Registry[OracleSpec] = Registry("fuelpipe.oracles", "oracle", OracleSpec)
 
 
 def oracle(name: str) -> OracleSpec:
-    if name not in ORACLES:
-        raise ConfigError(did_you_mean("oracle", name, ORACLES))
-    return ORACLES[name]
+    return ORACLES.get(name)
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    """One oracle's settings for a run: its ``experiment.oracles.<name>`` entry, or the oracle's own defaults."""
+
+    enabled: bool
+    inject_fault: bool
+    tolerance: Mapping[str, float]
+
+
+def oracle_settings(oracles_cfg: Mapping, name: str) -> OracleSettings:
+    if name in oracles_cfg:
+        oc = oracles_cfg[name]
+        return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), dict(oc.tolerance))
+    spec = ORACLES.get(name)
+    return OracleSettings(spec.enabled_by_default, False, dict(spec.default_tolerance))
+
+
+def enabled_oracles(oracles_cfg: Mapping) -> list[str]:
+    """The configured oracles that are enabled, then registered ones the config does not name that run by default."""
+    named = [name for name, oc in oracles_cfg.items() if oc.enabled]
+    return named + [name for name in ORACLES if name not in oracles_cfg and ORACLES.get(name).enabled_by_default]

@@ -21,10 +21,10 @@ import torch.fx as fx
 from torch import nn
 
 from fuelpipe.errors import ConfigError
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES, PASSES
+from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.registry import Registry, did_you_mean
 from fuelpipe.step import SYMBOLIC_KINDS
 
-BACKENDS = ("eager", "fx", "inductor")
 CACHE_POLICIES = ("cold", "warm")
 
 
@@ -39,12 +39,12 @@ class BackendSpec:
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
-            raise ConfigError(f"backend must be one of {list(BACKENDS)}, got {self.name!r}")
+            raise ConfigError(did_you_mean("backend", self.name, BACKENDS))
         if self.cache_policy not in CACHE_POLICIES:
             raise ConfigError(f"cache_policy must be one of {list(CACHE_POLICIES)}, got {self.cache_policy!r}")
-        unknown = [p for p in self.fx_passes if p not in PASSES]
+        unknown = [p for p in self.fx_passes if p not in FX_PASSES]
         if unknown:
-            raise ConfigError(f"unknown fx passes {unknown}; available: {sorted(PASSES)}")
+            raise ConfigError(f"unknown fx passes {unknown}; available: {', '.join(FX_PASSES)}")
 
 
 class CompileCounter:
@@ -71,6 +71,9 @@ class StepProgram:
     counter: Optional[CompileCounter] = None
     passes_applied: dict[str, int] = field(default_factory=dict)
     cache_policy: str = "warm"
+    # The first call compiles (torch.compile and the like): it counts as build time, and a
+    # program with a ``counter`` that compiled nothing is refused rather than run as eager.
+    compiles_on_first_call: bool = False
 
     @property
     def compiles(self) -> int:
@@ -78,7 +81,7 @@ class StepProgram:
 
     def first_call_context(self):
         """Context for the call that triggers compilation (cold policy disables compile caches)."""
-        if self.backend != "inductor" or self.cache_policy == "warm":
+        if not self.compiles_on_first_call or self.cache_policy == "warm":
             return contextlib.nullcontext()
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
@@ -90,22 +93,60 @@ class StepProgram:
 
 
 def trace_step(step: nn.Module, passes: tuple[str, ...]) -> tuple[fx.GraphModule, dict[str, int]]:
+    """``step`` traced into an fx graph with ``passes`` (registered fx pass names) applied in order."""
     gm = fx.symbolic_trace(step)
     applied = {}
     for name in passes:
-        applied[name] = PASSES[name](gm)
+        applied[name] = FX_PASSES.get(name).run(gm)
     return gm, applied
 
 
-def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+@dataclass(frozen=True)
+class BackendEntry:
+    """A backend, registered by name (``fuelpipe.backends`` entry points; ``backend.name`` in the config).
+
+    ``build(spec, step, step_kind)`` turns the step module into a ``StepProgram`` (its ``fn`` is
+    called with the step's arguments every token). ``traces``: the backend runs ``spec.fx_passes``
+    (``trace_step``); a backend that does not ignores them.
+    """
+
+    name: str
+    build: Callable[[BackendSpec, nn.Module, str], StepProgram]
+    traces: bool = True
+
+
+def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    return StepProgram("eager", step, None, 0.0, cache_policy=spec.cache_policy)
+
+
+def _build_fx(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
     t0 = time.perf_counter()
-    if spec.name == "eager":
-        return StepProgram("eager", step, None, time.perf_counter() - t0, cache_policy=spec.cache_policy)
     gm, applied = trace_step(step, spec.fx_passes)
-    if spec.name == "fx":
-        return StepProgram("fx", gm, len(gm.graph.nodes), time.perf_counter() - t0, None, applied, spec.cache_policy)
+    return StepProgram("fx", gm, len(gm.graph.nodes), time.perf_counter() - t0, None, applied, spec.cache_policy)
+
+
+def _build_inductor(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    t0 = time.perf_counter()
+    gm, applied = trace_step(step, spec.fx_passes)
     counter = CompileCounter()
-    # Tensor-offset path: every shape is static. Symbol path: the two host integers
-    # vary per token; dynamic=True compiles them (and the input shapes) as symbols once.
+    # Tensor-offset path: every shape is static. Symbol path: the two host integers vary per
+    # token; dynamic=True compiles them (and the input shapes) as symbols once.
     compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind in SYMBOLIC_KINDS)
-    return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy)
+    return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy,
+                       compiles_on_first_call=True)
+
+
+BUILTIN_BACKENDS = (
+    BackendEntry("eager", _build_eager, traces=False),
+    BackendEntry("fx", _build_fx),
+    BackendEntry("inductor", _build_inductor),
+)
+BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", BackendEntry)
+
+
+def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    program = BACKENDS.get(spec.name).build(spec, step, step_kind)
+    if not isinstance(program, StepProgram):
+        raise ConfigError(f"backend {spec.name!r} ({BACKENDS.source(spec.name)}) built {type(program).__name__}, "
+                          "not a StepProgram")
+    return program

@@ -19,12 +19,15 @@
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
 
 from fuelpipe.faults import Fault
+from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
 from fuelpipe.plan.split_gemv import (  # also registers torch.ops.fuelpipe.split_gemv
     WIDE_RATIO, split_weight, split_weight_interleaved, worth_splitting,
@@ -181,21 +184,37 @@ def transpose_linears_for_gemm(gm: fx.GraphModule) -> int:
     return done
 
 
+@dataclass(frozen=True)
+class FxPass:
+    """A graph pass, registered by name (``fuelpipe.fx_passes`` entry points; ``backend.fx_passes`` lists names).
+
+    ``run`` rewrites the traced step graph in place and returns how many sites it changed.
+    ``negative_control_only``: a deliberately wrong pass that a config may not name.
+    """
+
+    name: str
+    run: Callable[[fx.GraphModule], int]
+    negative_control_only: bool = False
+
+
 DEFAULT_PASSES = ("fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes")
-PASSES = {
-    "fuse_sibling_linears": fuse_sibling_linears,
-    "split_linears_across_threads": split_linears_across_threads,
-    "eliminate_dead_code_keeping_writes": eliminate_dead_code_keeping_writes,
-    "naive_eliminate_dead_code": naive_eliminate_dead_code,
-    "split_linears_across_threads_interleaved": split_linears_across_threads_interleaved,
-    "transpose_linears_for_gemm": transpose_linears_for_gemm,
-}
+BUILTIN_PASSES = (
+    FxPass("fuse_sibling_linears", fuse_sibling_linears),
+    FxPass("split_linears_across_threads", split_linears_across_threads),
+    FxPass("eliminate_dead_code_keeping_writes", eliminate_dead_code_keeping_writes),
+    FxPass("transpose_linears_for_gemm", transpose_linears_for_gemm),
+    FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
+    FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,
+           negative_control_only=True),
+)
+FX_PASSES: Registry[FxPass] = Registry("fuelpipe.fx_passes", "fx pass", FxPass)
+
+
 # Negative controls only: the faulty pass each fault swaps in for a correct one. Never in a normal config.
 FAULTY_PASSES = {
     Fault.NAIVE_DCE: ("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),
     Fault.SPLIT_PARTS_INTERLEAVED: ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
 }
-NEGATIVE_CONTROL_PASSES = frozenset(faulty for _, faulty in FAULTY_PASSES.values())
 
 
 # What a GEMV-only pass becomes in a plan whose linears see several rows (a batch step):

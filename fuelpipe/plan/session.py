@@ -139,12 +139,12 @@ class DecodeSession:
         t0 = time.perf_counter()
         with self.program.first_call_context():
             out = self._call(host)
-        if self.program.backend == "inductor":
+        if self.program.compiles_on_first_call:
             self.build_s += time.perf_counter() - t0
-            if self.program.compiles < 1:
+            if self.program.counter is not None and self.program.compiles < 1:
                 # dynamo ran the step without handing a graph to inductor (for example a
                 # recompile limit): the "inductor" plan would silently be eager.
-                raise PlanError("inductor backend compiled nothing for the decode step; refusing to run it as eager")
+                raise PlanError(f"{self.program.backend} backend compiled nothing for the decode step; refusing to run it as eager")
         return out
 
     def realize_token(self, host: TokenHostData) -> torch.Tensor:
@@ -157,11 +157,9 @@ class DecodeSession:
     @property
     def node_count(self) -> Optional[int]:
         p = self.program
-        if p.backend == "fx":
-            return len(p.fn.graph.nodes)
-        if p.backend == "inductor":
-            return p.counter.node_count
-        return None
+        if p.node_count is not None:
+            return p.node_count
+        return p.counter.node_count if p.counter is not None else None
 
     @property
     def compiles(self) -> int:

@@ -60,7 +60,7 @@ def build_model(m: DictConfig, device: torch.device, seed: int) -> DecodeBackbon
 
 def setup_from(cfg: DictConfig) -> Setup:
     spec = BackendSpec(
-        name=cfg.backend.name.value,
+        name=cfg.backend.name,
         fx_passes=tuple(cfg.backend.fx_passes),
         cache_policy=cfg.plan.cache_policy.value,
     )

@@ -10,25 +10,26 @@ from omegaconf import DictConfig
 from fuelpipe.config.validate import batch_spec
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult
-from fuelpipe.oracles.registry import ORACLES, OracleSpec, Tolerance
+from fuelpipe.oracles.registry import ORACLES, OracleSpec, Tolerance, oracle_settings
+from fuelpipe.oracles.registry import enabled_oracles as registry_enabled
 from fuelpipe.runner.assemble import Assembly
 
 log = logging.getLogger(__name__)
 
 
 def enabled_oracles(exp: DictConfig) -> list[str]:
-    return [name for name, oc in exp.oracles.items() if oc.enabled]
+    return registry_enabled(exp.oracles)
 
 
 def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterable[OracleResult]:
     """Yield one result per oracle (a generator, so a caller can show progress)."""
     for name in names:
-        yield run_one(cfg, asm, ORACLES[name])
+        yield run_one(cfg, asm, ORACLES.get(name))
 
 
 def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
     exp = cfg.experiment
-    oc = exp.oracles[spec.name]
+    oc = oracle_settings(exp.oracles, spec.name)
     control = bool(exp.negative_control or oc.inject_fault)
     setup = spec.fault_setup(asm.setup) if control else asm.setup
     tolerance = {

@@ -431,17 +431,38 @@ def _phi3_hf_config(h: HfConfigReader) -> dict:
     )
 
 
-ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture("llama", "llama", ("LlamaForCausalLM",), _llama_gguf_config, _llama_hf_config, _LLAMA_GGUF),
-    Architecture("gemma3", "gemma3", ("Gemma3ForCausalLM",), _gemma3_gguf_config, _gemma3_hf_config, _GEMMA3_GGUF),
-    Architecture("qwen3", None, ("Qwen3ForCausalLM",), None, _qwen3_hf_config),
-    Architecture("phi", None, ("Phi3ForCausalLM",), None, _phi3_hf_config),
-)
+# The built-in families' architectures; each family lists its own in its ``FamilyEntry.architectures``.
+LLAMA_ARCHITECTURE = Architecture("llama", "llama", ("LlamaForCausalLM",), _llama_gguf_config, _llama_hf_config,
+                                  _LLAMA_GGUF)
+GEMMA3_ARCHITECTURE = Architecture("gemma3", "gemma3", ("Gemma3ForCausalLM",), _gemma3_gguf_config,
+                                   _gemma3_hf_config, _GEMMA3_GGUF)
+QWEN3_ARCHITECTURE = Architecture("qwen3", None, ("Qwen3ForCausalLM",), None, _qwen3_hf_config)
+PHI3_ARCHITECTURE = Architecture("phi", None, ("Phi3ForCausalLM",), None, _phi3_hf_config)
+
+
+def registered_architectures() -> tuple[Architecture, ...]:
+    """Every registered family's checkpoint architectures (built-in and installed)."""
+    from models.registry import families
+
+    return tuple(a for entry in families().values() for a in entry.architectures)
 
 
 def by_gguf_arch() -> dict[str, Architecture]:
-    return {a.gguf_arch: a for a in ARCHITECTURES if a.gguf_arch}
+    return _unique("GGUF architecture", [(a.gguf_arch, a) for a in registered_architectures() if a.gguf_arch])
 
 
 def by_hf_architecture() -> dict[str, Architecture]:
-    return {name: a for a in ARCHITECTURES for name in a.hf_architectures}
+    return _unique("HF architecture", [(n, a) for a in registered_architectures() for n in a.hf_architectures])
+
+
+def _unique(kind: str, pairs: list[tuple[str, Architecture]]) -> dict[str, Architecture]:
+    """name -> architecture; two families claiming one checkpoint architecture is a typed clash."""
+    from fuelpipe.registry import RegistrationClashError
+
+    out: dict[str, Architecture] = {}
+    for name, arch in pairs:
+        if name in out and out[name] is not arch:
+            raise RegistrationClashError(
+                f"{kind} {name!r} is claimed by two families: {out[name].family!r} and {arch.family!r}")
+        out[name] = arch
+    return out

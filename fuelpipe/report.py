@@ -155,15 +155,29 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 
 def write_report(root: Path, out: Optional[Path] = None) -> Optional[list[dict[str, Any]]]:
     """Write report.md / report.csv / report.png; None when ``root`` holds no results."""
-    table = collect_rows(root)
+    found = collect(root)
+    table = rows(found, root)
     if not table:
         return None
     out = Path(out or root)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown(table) + "\n")
+    (out / "report.md").write_text("\n\n".join([markdown(table)] + stage_markdown(found, root)) + "\n")
     write_csv(table, out / "report.csv")
     plot(table, out / "report.png")
     return table
+
+
+def stage_markdown(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[str]:
+    """Each job's experiment-stage sections (peers, context scaling, ...), rendered by their own stage."""
+    from fuelpipe.runner.table import stage_sections
+
+    out = []
+    for path, doc in found:
+        sections = stage_sections(doc)
+        if sections:
+            where = path.parent.relative_to(root) if path.parent != root else Path(".")
+            out.append(f"### {where}\n\n" + "\n\n".join(sections))
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -175,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if table is None:
         print(f"fuelpipe report: no well-formed {RESULTS_FILE} under {args.dir}", file=sys.stderr)
         return 2
-    print(markdown(table))
+    print((Path(args.out or args.dir) / "report.md").read_text().rstrip())
     print(f"wrote {Path(args.out or args.dir) / 'report.md'}, report.csv, report.png")
     return 0
 

@@ -65,7 +65,7 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
             "experiment.new_tokens must be >= 4 (the prefill's token, the build token and two reused ones), got 2",
         ]),
         (["experiment=bench", "experiment.bench.enabled=false"], [
-            "the experiment runs nothing: every oracle and the benchmark are disabled",
+            "the experiment runs nothing: every oracle, the benchmark and every stage are disabled",
         ]),
         (["backend.fx_passes=[fuse_sibling_linear]"], [
             "unknown backend.fx_passes entry 'fuse_sibling_linear'; did you mean 'fuse_sibling_linears'? "

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from fuelpipe.config.schema import FuelpipeConfig
+from fuelpipe.config.schema import schema_class
 from models.registry import did_you_mean
 
 
@@ -24,7 +24,7 @@ def schema_key_problem(dotted: str) -> Optional[str]:
     by validate()); below a Dict of dataclasses (experiment.oracles.<name>)
     the walk continues into the dataclass.
     """
-    node: Any = FuelpipeConfig
+    node: Any = schema_class()
     walked: list[str] = []
     for part in dotted.split("."):
         if isinstance(node, _DictOf):

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from fuelpipe.config.paths import conf_dir
+from fuelpipe.config.schema import register_configs
 from fuelpipe.config.keys import schema_key_problem
 from models.registry import did_you_mean
 
@@ -43,6 +44,7 @@ def preflight(
     config_dir: Optional[str] = None,
     multirun: bool = False,
 ) -> Preflight:
+    register_configs()  # the schema holds every stage registered by now
     overrides = list(overrides)
     primary_dir = conf_dir()
     if config_dir:

@@ -8,11 +8,14 @@ cache, ``kv=latent`` on a non-MLA family, ...) live in ``validate.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+
+from fuelpipe.errors import ConfigError
 
 SCHEMA_NAME = "fuelpipe_schema"
 
@@ -155,37 +158,6 @@ class GenerateConfig:
 
 
 @dataclass
-class PeersConfig:
-    """``experiment=bench_peers``: fuelpipe against transformers, llama.cpp and the bandwidth floor."""
-
-    enabled: bool = False
-    prompt_tokens: int = 16  # the first N ids of the first prompt
-    new_tokens: int = 64
-    reps: int = 3  # timed repetitions per system, after one warm-up
-    backends: List[str] = field(default_factory=lambda: ["eager", "fx", "inductor"])
-    plans: List[str] = field(default_factory=lambda: ["plan_once", "replan"])
-    kv_layouts: List[str] = field(default_factory=lambda: ["contiguous", "paged"])
-    # New tokens a replan row generates (it builds a program per token; inductor compiles per token).
-    replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
-    transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
-    llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
-    record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
-
-
-@dataclass
-class ContextScalingConfig:
-    """``experiment=bench_context``: decode ms/token as the live context grows, per KV strategy."""
-
-    enabled: bool = False
-    lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
-    arms: List[str] = field(default_factory=lambda: [
-        "contiguous tensor", "contiguous symbol", "contiguous sized", "paged", "paged symbol"])
-    tokens: int = 16  # timed decode steps per length
-    warmup: int = 2  # untimed steps first (the plan build, when there is one, lands here)
-    record_dir: Optional[str] = None  # also write context.md / context.png here
-
-
-@dataclass
 class ExperimentConfig:
     name: str = "default"
     # Token-id prompts. The first drives every oracle and the benchmark; request_isolation
@@ -203,8 +175,6 @@ class ExperimentConfig:
     oracles: Dict[str, OracleConfig] = field(default_factory=_default_oracles)
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
-    peers: PeersConfig = field(default_factory=PeersConfig)
-    context: ContextScalingConfig = field(default_factory=ContextScalingConfig)
 
 
 @dataclass
@@ -220,6 +190,38 @@ class FuelpipeConfig:
     max_new_tokens: Optional[int] = None
 
 
+def schema_class() -> type:
+    """``FuelpipeConfig`` with one ``experiment.<stage>`` section per registered experiment stage.
+
+    Each stage brings its own config dataclass (``fuelpipe.stages``); adding a stage adds its
+    section here without an edit to this module.
+    """
+    from fuelpipe.stages import ordered_stages
+
+    stages = ordered_stages()
+    key = tuple((s.name, s.config_cls) for s in stages)
+    if key not in _SCHEMAS:
+        taken = {f.name for f in dataclasses.fields(ExperimentConfig)}
+        for s in stages:
+            if s.name in taken:
+                raise ConfigError(f"experiment stage {s.name!r} would replace the experiment's own "
+                                  f"'{s.name}' section; choose another stage name")
+        experiment = dataclasses.make_dataclass(
+            "ExperimentConfig", [(s.name, s.config_cls, field(default_factory=s.config_cls)) for s in stages],
+            bases=(ExperimentConfig,))
+        _SCHEMAS[key] = dataclasses.make_dataclass(
+            "FuelpipeConfig", [("experiment", experiment, field(default_factory=experiment))],
+            bases=(FuelpipeConfig,))
+    return _SCHEMAS[key]
+
+
+_SCHEMAS: dict[tuple, type] = {}
+
+
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore (idempotent: storing again replaces the entry)."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=FuelpipeConfig)
+    """Store the schema in Hydra's ConfigStore (idempotent: storing again replaces the entry).
+
+    Called when ``fuelpipe.config`` is imported and again before every composition, so a
+    stage registered in-process after the import is part of the schema.
+    """
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema_class())

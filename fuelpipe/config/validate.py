@@ -202,6 +202,7 @@ def _batch(b: DictConfig) -> list[str]:
 
 def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[str]:
     from fuelpipe.oracles.registry import ORACLES, Tolerance, enabled_oracles
+    from fuelpipe.stages import enabled_stages, stage_reasons
 
     reasons = []
     for name, oc in exp.oracles.items():
@@ -214,9 +215,8 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
     enabled = enabled_oracles(exp.oracles)
-    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not exp.peers.enabled \
-            and not exp.context.enabled:
-        reasons.append("the experiment runs nothing: every oracle and the benchmark are disabled")
+    if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not enabled_stages(exp):
+        reasons.append("the experiment runs nothing: every oracle, the benchmark and every stage are disabled")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
         reasons.append("experiment.prompts must hold at least one non-empty prompt")
     elif "request_isolation" in enabled and len(exp.prompts) < 2:
@@ -235,53 +235,4 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             f"experiment.bench needs warmup >= 1 (the build token) and tokens >= 1, "
             f"got warmup={exp.bench.warmup} tokens={exp.bench.tokens}"
         )
-    reasons += _peers(exp.peers)
-    reasons += _context(exp.context)
-    return reasons
-
-
-def _peers(p: DictConfig) -> list[str]:
-    from fuelpipe.bench.peers.systems import TransformersSystem
-    from fuelpipe.driver import PlanMode
-    from fuelpipe.kv.spec import LAYOUTS
-    from fuelpipe.plan.backends import BACKENDS
-
-    if not p.enabled:
-        return []
-    reasons = []
-    for key, values, allowed in (
-        ("backends", p.backends, BACKENDS),
-        ("plans", p.plans, [m.value for m in PlanMode]),
-        ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
-        ("transformers", p.transformers, TransformersSystem.MODES),
-    ):
-        for v in values:
-            if v not in allowed:
-                reasons.append(did_you_mean(f"experiment.peers.{key} entry", v, allowed))
-    for key in ("prompt_tokens", "new_tokens", "reps"):
-        if p[key] < 1:
-            reasons.append(f"experiment.peers.{key} must be >= 1, got {p[key]}")
-    if p.new_tokens < 3:
-        reasons.append(f"experiment.peers.new_tokens must be >= 3 (a step time needs two decode steps), got {p.new_tokens}")
-    for backend, n in p.replan_new_tokens.items():
-        if backend not in BACKENDS:
-            reasons.append(did_you_mean("experiment.peers.replan_new_tokens key", backend, BACKENDS))
-        elif n < 3:
-            reasons.append(f"experiment.peers.replan_new_tokens.{backend} must be >= 3, got {n}")
-    return reasons
-
-
-def _context(c: DictConfig) -> list[str]:
-    from fuelpipe.bench.context_scaling import ARMS
-
-    if not c.enabled:
-        return []
-    reasons = [did_you_mean("experiment.context.arms entry", a, ARMS) for a in c.arms if a not in ARMS]
-    if not c.arms:
-        reasons.append("experiment.context.arms is empty: name at least one of " + ", ".join(ARMS))
-    if not c.lengths or min(c.lengths) < 1:
-        reasons.append(f"experiment.context.lengths must be non-empty and >= 1, got {list(c.lengths)}")
-    if c.tokens < 1 or c.warmup < 1:
-        reasons.append(f"experiment.context needs tokens >= 1 and warmup >= 1 (the build step), "
-                       f"got tokens={c.tokens} warmup={c.warmup}")
-    return reasons
+    return reasons + stage_reasons(exp)

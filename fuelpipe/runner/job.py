@@ -16,6 +16,7 @@ from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.generate import plan_generation, run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
+from fuelpipe.stages import enabled_stages
 from fuelpipe.weights.errors import ModelPackageMissingError, WeightsError
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,12 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     if not reasons:
         try:
             asm = assemble(cfg)
-            _check_studies(cfg, asm)
+            reasons = _loaded_stage_reasons(cfg, asm)
             request = plan_generation(cfg, asm)
         except BAD_INPUT as err:  # a rule validate() cannot check before loading: still bad input
-            reasons, asm = [str(err)], None
+            reasons = [str(err)]
+        if reasons:
+            asm = None
     if asm is None:
         env = env_info(_device_name(cfg), torch.get_num_threads())
         status = SKIPPED if sweep else CONFIG_ERROR
@@ -72,8 +75,7 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
         log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
     generation = run_generation(cfg, asm, request)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
-    peers = run_peers_experiment(cfg, asm) if exp.peers.enabled else None
-    context = run_context_experiment(cfg, asm) if exp.context.enabled else None
+    sections = {stage.results_key: stage.run(exp[stage.name], cfg, asm, _output_dirs()) for stage in enabled_stages(exp)}
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
     oracles, bench = [], None
     with bar(steps, f"fuelpipe {exp.name}") as progress:
@@ -97,74 +99,26 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     )
     doc["model"] = asm.model_record
     doc["generation"] = generation
-    if peers is not None:
-        doc["peers"] = peers
-    if context is not None:
-        doc["context_scaling"] = context
+    doc.update(sections)
     doc["load"] = asm.load or None
     return doc
 
 
-def _check_studies(cfg: DictConfig, asm) -> None:
-    """The speed studies' lengths against the loaded model (validate() cannot know its limit)."""
-    if cfg.experiment.peers.enabled:
-        from fuelpipe.bench.peers.experiment import peers_prompt
-
-        p, limit = cfg.experiment.peers, asm.model.dims.max_position_embeddings
-        peers_prompt(asm, p.prompt_tokens)  # needs the encoded prompt
-        if p.prompt_tokens + p.new_tokens > limit:
-            raise ConfigError(
-                f"experiment.peers.prompt_tokens + new_tokens = {p.prompt_tokens + p.new_tokens} exceeds the "
-                f"model's max_position_embeddings {limit}"
-            )
-    if cfg.experiment.context.enabled:
-        c, limit = cfg.experiment.context, asm.model.dims.max_position_embeddings
-        if max(c.lengths) + c.warmup + c.tokens > limit:
-            raise ConfigError(
-                f"experiment.context.lengths reach {max(c.lengths)} + {c.warmup + c.tokens} decode steps, "
-                f"beyond the model's max_position_embeddings {limit}"
-            )
+def _loaded_stage_reasons(cfg: DictConfig, asm) -> list[str]:
+    """Each enabled stage's checks against the loaded model (its limits, its tokenizer); nothing runs yet."""
+    reasons: list[str] = []
+    for stage in enabled_stages(cfg.experiment):
+        reasons += list(stage.check_loaded(cfg.experiment[stage.name], asm))
+    return reasons
 
 
-def run_peers_experiment(cfg: DictConfig, asm) -> dict:
-    """The peers benchmark; its table and chart go next to results.json and to ``peers.record_dir``."""
-    from fuelpipe.bench.peers.experiment import run_peers, write_outputs
-
-    p = cfg.experiment.peers
-    n_systems = len(p.backends) * len(p.plans) * len(p.kv_layouts) + len(p.transformers) + 2 * p.llama_cpp
-    with bar(n_systems * (1 + p.reps), "fuelpipe bench_peers") as progress:
-        doc = run_peers(cfg, asm, on_progress=lambda _: progress.update())
-    doc["written"] = write_outputs(doc, _output_dirs(p.record_dir))
-    return doc
-
-
-def _output_dirs(record_dir) -> list:
+def _output_dirs() -> list:
+    """The run's own output directory (Hydra's), where a stage writes its tables and plots."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
-    dirs = [Path(HydraConfig.get().runtime.output_dir)] if HydraConfig.initialized() else []
-    return dirs + ([Path(record_dir)] if record_dir else [])
-
-
-def run_context_experiment(cfg: DictConfig, asm) -> dict:
-    """Decode ms/token against context length per KV arm; table and plot beside results.json and in record_dir."""
-    from fuelpipe.bench import context_scaling as cs
-
-    c = cfg.experiment.context
-    with bar(len(c.arms) * len(c.lengths), "fuelpipe bench_context") as progress:
-        rows = cs.run_context_scaling(
-            asm.model, asm.setup.backend, list(c.lengths), list(c.arms), c.tokens, c.warmup,
-            block_size=cfg.kv.block_size or 16, on_progress=progress.update,
-        )
-    doc = {"model": cfg.model.size, "dtype": cfg.model.dtype.value, "backend": asm.setup.backend.name,
-           "threads": asm.threads, "tokens": c.tokens, "warmup": c.warmup, "rows": rows, "written": []}
-    for d in _output_dirs(c.record_dir):
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "context.md").write_text(cs.markdown(doc))
-        cs.plot(doc, d / "context.png")
-        doc["written"] += [str(d / "context.md"), str(d / "context.png")]
-    return doc
+    return [Path(HydraConfig.get().runtime.output_dir)] if HydraConfig.initialized() else []
 
 
 def _device_name(cfg: DictConfig) -> str:

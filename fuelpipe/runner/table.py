@@ -79,16 +79,7 @@ def render(doc: dict[str, Any]) -> str:
                 f"  an expanded K/V cache would store {bench['expanded_kv_bytes_per_token']} bytes/token: "
                 f"{bench['expanded_over_kv']:.2f}x this cache"
             )
-    if doc.get("peers"):
-        from fuelpipe.bench.peers.report import markdown
-
-        lines.append(markdown(doc["peers"]))
-        lines += [f"written: {w}" for w in doc["peers"]["written"]]
-    if doc.get("context_scaling"):
-        from fuelpipe.bench.context_scaling import markdown as context_markdown
-
-        lines.append(context_markdown(doc["context_scaling"]))
-        lines += [f"written: {w}" for w in doc["context_scaling"]["written"]]
+    lines += stage_sections(doc)
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
 
@@ -117,3 +108,11 @@ def _tol(tolerance) -> str:
     if tolerance is None:
         return "counts"
     return "bit-exact" if tolerance == 0 else f"{tolerance:g}"
+
+
+def stage_sections(doc: dict[str, Any]) -> list[str]:
+    """Each registered stage's rendering of its section of ``doc`` (stages absent from ``doc`` add nothing)."""
+    from fuelpipe.stages import ordered_stages
+
+    return [stage.render(doc[stage.results_key]) for stage in ordered_stages()
+            if stage.render is not None and doc.get(stage.results_key)]

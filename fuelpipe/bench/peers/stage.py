@@ -1,0 +1,101 @@
+"""The ``peers`` stage (``experiment=bench_peers``): fuelpipe against transformers, llama.cpp and the floor.
+
+Config at ``experiment.peers``; results under ``peers`` in results.json; ``peers.md`` and
+``peers.png`` beside it and in ``record_dir``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from fuelpipe.errors import ConfigError
+from fuelpipe.registry import did_you_mean
+from fuelpipe.stages import StageSpec
+
+
+@dataclass
+class PeersConfig:
+    """``experiment=bench_peers``: fuelpipe against transformers, llama.cpp and the bandwidth floor."""
+
+    enabled: bool = False
+    prompt_tokens: int = 16  # the first N ids of the first prompt
+    new_tokens: int = 64
+    reps: int = 3  # timed repetitions per system, after one warm-up
+    backends: List[str] = field(default_factory=lambda: ["eager", "fx", "inductor"])
+    plans: List[str] = field(default_factory=lambda: ["plan_once", "replan"])
+    kv_layouts: List[str] = field(default_factory=lambda: ["contiguous", "paged"])
+    # New tokens a replan row generates (it builds a program per token; inductor compiles per token).
+    replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
+    transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
+    llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
+    record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
+
+
+
+def validate(p) -> list[str]:
+    from fuelpipe.bench.peers.systems import TransformersSystem
+    from fuelpipe.driver import PlanMode
+    from fuelpipe.kv.spec import LAYOUTS
+    from fuelpipe.plan.backends import BACKENDS
+
+    reasons = []
+    for key, values, allowed in (
+        ("backends", p.backends, BACKENDS),
+        ("plans", p.plans, [m.value for m in PlanMode]),
+        ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
+        ("transformers", p.transformers, TransformersSystem.MODES),
+    ):
+        for v in values:
+            if v not in allowed:
+                reasons.append(did_you_mean(f"experiment.peers.{key} entry", v, allowed))
+    for key in ("prompt_tokens", "new_tokens", "reps"):
+        if p[key] < 1:
+            reasons.append(f"experiment.peers.{key} must be >= 1, got {p[key]}")
+    if p.new_tokens < 3:
+        reasons.append(f"experiment.peers.new_tokens must be >= 3 (a step time needs two decode steps), got {p.new_tokens}")
+    for backend, n in p.replan_new_tokens.items():
+        if backend not in BACKENDS:
+            reasons.append(did_you_mean("experiment.peers.replan_new_tokens key", backend, BACKENDS))
+        elif n < 3:
+            reasons.append(f"experiment.peers.replan_new_tokens.{backend} must be >= 3, got {n}")
+    return reasons
+
+
+
+def check_loaded(p, asm) -> list[str]:
+    """The prompt and lengths against the loaded model (its tokenizer, its position limit)."""
+    from fuelpipe.bench.peers.experiment import peers_prompt
+
+    limit = asm.model.dims.max_position_embeddings
+    try:
+        peers_prompt(asm, p.prompt_tokens)  # needs the encoded prompt
+    except ConfigError as err:
+        return [str(err)]
+    if p.prompt_tokens + p.new_tokens > limit:
+        return [f"experiment.peers.prompt_tokens + new_tokens = {p.prompt_tokens + p.new_tokens} exceeds the "
+                f"model's max_position_embeddings {limit}"]
+    return []
+
+
+def progress_steps(p) -> int:
+    return (len(p.backends) * len(p.plans) * len(p.kv_layouts) + len(p.transformers) + 2 * p.llama_cpp) * (1 + p.reps)
+
+
+def run(p, cfg, asm, output_dirs: list[Path]) -> dict:
+    from fuelpipe.bench.peers.experiment import run_peers, write_outputs
+    from fuelpipe.progress import bar
+
+    with bar(progress_steps(p), "fuelpipe bench_peers") as progress:
+        doc = run_peers(cfg, asm, on_progress=lambda _: progress.update())
+    doc["written"] = write_outputs(doc, output_dirs + ([Path(p.record_dir)] if p.record_dir else []))
+    return doc
+
+
+def render(doc: dict) -> str:
+    from fuelpipe.bench.peers.report import markdown
+
+    return "\n".join([markdown(doc)] + [f"written: {w}" for w in doc.get("written", [])])
+
+
+STAGE = StageSpec("peers", PeersConfig, run, validate, check_loaded, render, progress_steps=progress_steps)

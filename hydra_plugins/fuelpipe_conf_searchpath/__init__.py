@@ -1,0 +1,1 @@
+"""Hydra finds this plugin by scanning the ``hydra_plugins`` namespace package (see searchpath.py)."""

@@ -87,6 +87,9 @@ class Registry(Generic[T]):
     def names(self) -> tuple[str, ...]:
         return tuple(self)
 
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self.entries().items())
+
     def entries(self) -> dict[str, T]:
         return {name: entry for name, (entry, _) in self._all().items()}
 

@@ -54,8 +54,11 @@ def run_job(
 
 
 def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
-    reasons = validate(cfg)
     asm = request = None
+    try:
+        reasons = validate(cfg)
+    except BAD_INPUT as err:  # e.g. two installed packages registering one family name
+        reasons = [str(err)]
     if not reasons:
         try:
             asm = assemble(cfg)

@@ -1,0 +1,58 @@
+"""Run one registered oracle on one setup: the runner and the pytest harness share this."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Mapping, Optional
+
+from fuelpipe.backbone import DecodeBackbone
+from fuelpipe.batch.buckets import BatchSpec
+from fuelpipe.faults import Fault
+from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
+from fuelpipe.oracles.registry import OracleSpec, Tolerance
+
+log = logging.getLogger(__name__)
+
+
+def tolerance_for(spec: OracleSpec, tolerances: Mapping[str, float], dtype: str) -> Optional[float]:
+    """0.0 for bit-exact oracles, the dtype's entry for max-abs ones, None for counting ones."""
+    if spec.tolerance is Tolerance.BIT_EXACT:
+        return 0.0
+    if spec.tolerance is Tolerance.MAX_ABS:
+        return tolerances.get(dtype)
+    return None
+
+
+def execute(
+    spec: OracleSpec,
+    *,
+    model: DecodeBackbone,
+    setup: Setup,
+    prompts: tuple[tuple[int, ...], ...],
+    new_tokens: int,
+    max_seq_len: int,
+    other_model: Callable[[], DecodeBackbone],
+    tolerance: Optional[float],
+    control: bool = False,
+    batch: BatchSpec = BatchSpec(),
+) -> OracleResult:
+    """One oracle's result; ``control`` injects its fault (the negative control: it must then fail).
+
+    An oracle that raises has failed, with the exception as its detail; the caller goes on.
+    """
+    setup = spec.fault_setup(setup) if control else setup
+    inp = OracleInput(
+        model=model, setup=setup, prompts=prompts, new_tokens=new_tokens, max_seq_len=max_seq_len,
+        other_model=other_model, tolerance=tolerance, fault=spec.fault if control else Fault.NONE, batch=batch,
+    )
+    t0 = time.perf_counter()
+    try:
+        result = spec.run(inp)
+    except Exception as err:
+        log.exception("oracle %s raised", spec.name)
+        result = OracleResult(spec.name, False, {}, tolerance, f"raised {type(err).__name__}: {err}")
+    result.seconds = time.perf_counter() - t0
+    result.negative_control = control
+    result.fault = inp.fault.value
+    result.setup = setup.describe()
+    return result

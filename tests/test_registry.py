@@ -201,3 +201,34 @@ def test_a_stage_registered_in_process_gets_a_schema_section_validation_a_run_an
         register_configs()
     with pytest.raises(Exception, match="echo"):
         compose_cfg(["experiment.echo.enabled=true"])  # gone from the schema with the stage
+
+
+def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_control(compose_cfg):
+    from fuelpipe.faults import Fault
+    from fuelpipe.oracles import plan_vs_replan
+    from fuelpipe.oracles.base import OracleResult
+    from fuelpipe.oracles.registry import OracleSpec, Tolerance
+    from fuelpipe.runner.job import run_job
+
+    def run(inp) -> OracleResult:
+        result = plan_vs_replan.run(inp)
+        result.name = "outside_parity"
+        return result
+
+    from fuelpipe.config import register_configs
+
+    spec = OracleSpec("outside_parity", run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET, enabled_by_default=True)
+    ORACLES.register(spec)
+    register_configs()  # the schema now holds experiment.oracles.outside_parity
+    try:
+        doc = run_job(compose_cfg(["experiment=smoke"]))
+        ours = [o for o in doc["oracles"] if o["name"] == "outside_parity"]
+        assert len(ours) == 1 and ours[0]["passed"], ours
+        control = run_job(compose_cfg(["experiment=smoke", "experiment.negative_control=true"]))
+        ours = [o for o in control["oracles"] if o["name"] == "outside_parity"]
+        assert ours and not ours[0]["passed"] and ours[0]["fault"] == Fault.STALE_OFFSET.value
+        off = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.outside_parity.enabled=false"]))
+        assert "outside_parity" not in [o["name"] for o in off["oracles"]]
+    finally:
+        ORACLES.unregister("outside_parity")
+        register_configs()

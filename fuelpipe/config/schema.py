@@ -114,23 +114,11 @@ class OracleConfig:
 
 
 def _default_oracles() -> Dict[str, OracleConfig]:
-    return {
-        "plan_vs_replan": OracleConfig(),
-        "vs_reference": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
-        "plan_accounting": OracleConfig(),
-        "key_sensitivity": OracleConfig(),
-        "request_isolation": OracleConfig(),
-        "kv_sharing": OracleConfig(),
-        "cache_lifecycle": OracleConfig(),
-        "rebind_guard": OracleConfig(),
-        # The transformers twin; skipped, with the reason, when transformers is not installed.
-        "vs_transformers": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
-        "config_variants": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
-        # Batches: every row against its own B = 1 run, the write set of each step, builds per bucket.
-        "batch_vs_solo": OracleConfig(tolerance={"float32": 1e-5, "bfloat16": 2e-2}),
-        "batch_isolation": OracleConfig(),
-        "batch_plan_accounting": OracleConfig(),
-    }
+    """One entry per registered oracle (built-in or installed), in registration order, with its defaults."""
+    from fuelpipe.oracles.registry import ORACLES
+
+    return {name: OracleConfig(enabled=spec.enabled_by_default, tolerance=dict(spec.default_tolerance))
+            for name, spec in ORACLES.entries().items()}
 
 
 @dataclass
@@ -172,7 +160,7 @@ class ExperimentConfig:
     new_tokens: int = 8  # decode tokens per oracle run
     seed: int = 0  # torch's global seed for the job
     negative_control: bool = False  # inject every enabled oracle's fault (each must then fail)
-    oracles: Dict[str, OracleConfig] = field(default_factory=_default_oracles)
+    oracles: Dict[str, OracleConfig] = field(default_factory=dict)  # composed: schema_class()
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
 
@@ -191,23 +179,31 @@ class FuelpipeConfig:
 
 
 def schema_class() -> type:
-    """``FuelpipeConfig`` with one ``experiment.<stage>`` section per registered experiment stage.
+    """``FuelpipeConfig`` with one ``experiment.<stage>`` section per registered experiment stage
+    and one ``experiment.oracles.<name>`` entry per registered oracle.
 
-    Each stage brings its own config dataclass (``fuelpipe.stages``); adding a stage adds its
-    section here without an edit to this module.
+    Each stage brings its own config dataclass (``fuelpipe.stages``), each oracle its defaults
+    (``OracleSpec.enabled_by_default`` / ``default_tolerance``); adding either adds its section
+    here without an edit to this module.
     """
     from fuelpipe.stages import ordered_stages
 
     stages = ordered_stages()
-    key = tuple((s.name, s.config_cls) for s in stages)
+    from fuelpipe.oracles.registry import ORACLES
+
+    oracle_defaults = tuple((name, o.enabled_by_default, tuple(sorted(o.default_tolerance.items())))
+                            for name, o in ORACLES.entries().items())
+    key = (tuple((s.name, s.config_cls) for s in stages), oracle_defaults)
     if key not in _SCHEMAS:
         taken = {f.name for f in dataclasses.fields(ExperimentConfig)}
         for s in stages:
             if s.name in taken:
                 raise ConfigError(f"experiment stage {s.name!r} would replace the experiment's own "
                                   f"'{s.name}' section; choose another stage name")
+        oracles = ("oracles", Dict[str, OracleConfig], field(default_factory=_default_oracles))
         experiment = dataclasses.make_dataclass(
-            "ExperimentConfig", [(s.name, s.config_cls, field(default_factory=s.config_cls)) for s in stages],
+            "ExperimentConfig",
+            [oracles] + [(s.name, s.config_cls, field(default_factory=s.config_cls)) for s in stages],
             bases=(ExperimentConfig,))
         _SCHEMAS[key] = dataclasses.make_dataclass(
             "FuelpipeConfig", [("experiment", experiment, field(default_factory=experiment))],

@@ -210,7 +210,8 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             reasons.append(did_you_mean("oracle in experiment.oracles", name, ORACLES))
             continue
         kind = ORACLES.get(name).tolerance
-        if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in oc.tolerance:
+        tolerance = {**ORACLES.get(name).default_tolerance, **oc.tolerance}
+        if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in tolerance:
             reasons.append(f"experiment.oracles.{name}.tolerance has no entry for model.dtype={dtype}")
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")

@@ -75,26 +75,36 @@ def _fx_passes(setup: Setup) -> Setup:
     return setup.with_backend("fx") if setup.backend.name == "eager" else setup
 
 
+_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None) -> OracleSpec:
+    """A built-in oracle: in the default gate; max-abs ones at 1e-5 (f32) / 2e-2 (bf16) unless configured."""
+    extra = {} if fault_setup is None else {"fault_setup": fault_setup}
+    return OracleSpec(name, run, tolerance, fault, enabled_by_default=True,
+                      default_tolerance=dict(_TOLERANCE) if tolerance is Tolerance.MAX_ABS else {}, **extra)
+
+
 BUILTIN_ORACLES = (
-    OracleSpec("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
-    OracleSpec(
+    _builtin("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
+    _builtin(
         "vs_reference", vs_reference.run, Tolerance.MAX_ABS, Fault.NAIVE_DCE,
         _fx_symbol_path,
     ),
-    OracleSpec("plan_accounting", plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_EVERY_TOKEN),
-    OracleSpec("key_sensitivity", key_sensitivity.run, Tolerance.COUNTS, Fault.IGNORE_MODEL_IDENTITY),
-    OracleSpec(
+    _builtin("plan_accounting", plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_EVERY_TOKEN),
+    _builtin("key_sensitivity", key_sensitivity.run, Tolerance.COUNTS, Fault.IGNORE_MODEL_IDENTITY),
+    _builtin(
         "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
         _plan_once,
     ),
-    OracleSpec("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
-    OracleSpec("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
-    OracleSpec("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
-    OracleSpec("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
-    OracleSpec("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
-    OracleSpec("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION),
-    OracleSpec("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
-    OracleSpec("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
+    _builtin("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
+    _builtin("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
+    _builtin("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
+    _builtin("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
+    _builtin("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
+    _builtin("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION),
+    _builtin("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
+    _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
 )
 ORACLES: Registry[OracleSpec] = Registry("fuelpipe.oracles", "oracle", OracleSpec)
 
@@ -113,10 +123,10 @@ class OracleSettings:
 
 
 def oracle_settings(oracles_cfg: Mapping, name: str) -> OracleSettings:
+    spec = ORACLES.get(name)
     if name in oracles_cfg:
         oc = oracles_cfg[name]
-        return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), dict(oc.tolerance))
-    spec = ORACLES.get(name)
+        return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), {**spec.default_tolerance, **oc.tolerance})
     return OracleSettings(spec.enabled_by_default, False, dict(spec.default_tolerance))
 
 

@@ -15,7 +15,9 @@ import torch
 from fuelpipe.errors import ConfigError
 
 SCALING_KINDS = ("none", "linear", "llama3", "yarn")
-YARN_DEFAULTS = dict(beta_fast=32.0, beta_slow=1.0, mscale=0.0, mscale_all_dim=0.0, attention_factor=None, truncate=True)
+# YaRN's fields and their values when a config leaves them out (transformers' defaults; 0 is 'not given')
+YARN_DEFAULTS = dict(beta_fast=32.0, beta_slow=1.0, mscale=0.0, mscale_all_dim=0.0, attention_factor=None,
+                     truncate=True)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class RopeScaling:
         for name in ("mscale", "mscale_all_dim"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"yarn rope scaling {name} must be >= 0 (0: not given), got {getattr(self, name)}")
-        if self.attention_factor is not None and not (math.isfinite(self.attention_factor) and self.attention_factor > 0):
+        af = self.attention_factor
+        if af is not None and not (math.isfinite(af) and af > 0):
             raise ConfigError(f"yarn rope scaling attention_factor must be a finite number > 0 or None, "
                               f"got {self.attention_factor}")
         if not isinstance(self.truncate, bool):

@@ -55,7 +55,7 @@ class Combined:
     combine: Callable[[list[torch.Tensor]], torch.Tensor]
 
 
-# (config.json path, family config, checkpoint tensor name -> shape) -> the parameters stored in parts.
+# (checkpoint directory, family config, checkpoint tensor name -> shape) -> the parameters stored in parts.
 # Raises a WeightsError naming the tensor when the parts are incomplete or do not belong to the model.
 HfStateTransform = Callable[[Path, Any, dict[str, tuple[int, ...]]], tuple[Combined, ...]]
 
@@ -214,7 +214,8 @@ class HfConfigReader(_TypedValues):
         return RopeScaling(
             "yarn", factor, original_max_position_embeddings=original,
             beta_fast=self.float_("beta_fast", d["beta_fast"]), beta_slow=self.float_("beta_slow", d["beta_slow"]),
-            mscale=self.float_("mscale", d["mscale"]), mscale_all_dim=self.float_("mscale_all_dim", d["mscale_all_dim"]),
+            mscale=self.float_("mscale", d["mscale"]),
+            mscale_all_dim=self.float_("mscale_all_dim", d["mscale_all_dim"]),
             attention_factor=self.float_("attention_factor", None), truncate=self.bool_("truncate", d["truncate"]),
         )
 

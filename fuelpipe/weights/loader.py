@@ -403,8 +403,10 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     plan = _plan(path, model, sources, resolve, lambda t: f"model.{t}" if t != "lm_head.weight" else t,
                  f"{arch.family} model")
     for p in plan:
-        where, shape = (path, combined[p.source].shape) if p.source in combined else (owner[p.source][0], shapes[p.source])
-        _check_shape(where, p.source, shape, params[p.target].shape, p.target)
+        if p.source in combined:
+            _check_shape(path, p.source, combined[p.source].shape, params[p.target].shape, p.target)
+        else:
+            _check_shape(owner[p.source][0], p.source, shapes[p.source], params[p.target].shape, p.target)
     report_times["build"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -26,7 +26,8 @@ _EXPERT_TENSOR = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_p
 
 # ---- config.json -> DeepseekV2Config fields ----------------------------------------------
 def _refuse(h: HfConfigReader, key: str, value, why: str) -> CheckpointConfigError:
-    return CheckpointConfigError(h.path, f"config.json {key}={value!r} is not supported by the deepseek_v2 family: {why}")
+    return CheckpointConfigError(h.path, f"config.json {key}={value!r} is not supported by the deepseek_v2 family: "
+                                         f"{why}")
 
 
 def deepseek_v2_hf_config(h: HfConfigReader) -> dict:
@@ -118,9 +119,13 @@ def restack_experts(path: Path, c: DeepseekV2Config, shapes: dict[str, tuple[int
         stray = sorted(j for j in experts if layer not in moe_layers or j >= E)
         if stray:
             j = stray[0]
-            where = (f"the model has {E} routed experts per MoE layer" if layer in moe_layers
-                     else f"layer {layer} is not an MoE layer here (layers {c.first_k_dense_replace}.."
-                          f"{c.num_hidden_layers - 1} are, with n_routed_experts={E})")
+            if layer in moe_layers:
+                where = f"the model has {E} routed experts per MoE layer"
+            elif not moe_layers:
+                where = f"the config makes every layer dense (n_routed_experts={E})"
+            else:
+                where = (f"layer {layer} is not an MoE layer here (layers {moe_layers[0]}..{moe_layers[-1]} are: "
+                         f"first_k_dense_replace={c.first_k_dense_replace}, {c.num_hidden_layers} layers)")
             raise UnexpectedExpertError(path, layer, j, _name(layer, j, min(experts[j])),
                                         f"layer {layer} holds routed expert {j}, but {where}")
         stacked = f"model.layers.{layer}.mlp.experts.gate_up_proj"

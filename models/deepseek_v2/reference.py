@@ -14,7 +14,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate_pairs(x: torch.Tensor, angle: torch.Tensor, magnitude: float) -> torch.Tensor:
-    """Rotate adjacent pairs of x [..., T, R] by angle [T, R/2] and scale them by ``magnitude`` (complex multiplication)."""
+    """Rotate adjacent pairs of x [..., T, R] by angle [T, R/2], scaled by ``magnitude`` (complex multiplication)."""
     z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(z * torch.polar(torch.full_like(angle, magnitude), angle)).flatten(-2).to(x.dtype)
 

@@ -8,27 +8,89 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
 from fuelpipe.errors import ConfigError
 
-SCALING_KINDS = ("none", "linear", "llama3")
+SCALING_KINDS = ("none", "linear", "llama3", "yarn")
+# YaRN's fields and their values when a config leaves them out (transformers' defaults; 0 is 'not given')
+YARN_DEFAULTS = dict(beta_fast=32.0, beta_slow=1.0, mscale=0.0, mscale_all_dim=0.0, attention_factor=None,
+                     truncate=True)
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "none"  # none | linear | llama3
+    """How a RoPE spec's frequencies are scaled. Fields after ``original_max_position_embeddings`` are YaRN's.
+
+    YaRN (kind "yarn") blends interpolated (``/ factor``) and original frequencies over a ramp set by
+    ``beta_fast``/``beta_slow`` rotations at ``original_max_position_embeddings``, and multiplies cos/sin by
+    an attention factor: ``attention_factor`` when given, else ``mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim)`` when both are non-zero, else ``mscale(factor, 1)`` (``yarn_mscale``).
+    A family may also scale its softmax by ``mscale_all_dim`` (DeepSeek-V2 does); that is the family's.
+    """
+
+    kind: str = "none"  # none | linear | llama3 | yarn
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0  # 0: not given
+    mscale_all_dim: float = 0.0  # 0: not given
+    attention_factor: Optional[float] = None  # an explicit cos/sin factor (YaRN); None: derived from the above
+    truncate: bool = True  # YaRN rounds its ramp bounds outwards to whole dimensions
 
     def __post_init__(self) -> None:
         if self.kind not in SCALING_KINDS:
             raise ConfigError(f"rope scaling kind must be one of {SCALING_KINDS}, got {self.kind!r}")
-        if self.factor <= 0:
+        if not self.factor > 0:
             raise ConfigError(f"rope scaling factor must be > 0, got {self.factor}")
+        if self.kind == "yarn":
+            self._check_yarn()
+        else:
+            stray = [f"{k}={getattr(self, k)!r}" for k, v in YARN_DEFAULTS.items() if getattr(self, k) != v]
+            if stray:
+                raise ConfigError(f"rope scaling kind {self.kind!r} takes no YaRN fields, got {', '.join(stray)}")
+
+    def _check_yarn(self) -> None:
+        for name in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"yarn rope scaling {name} must be finite, got {getattr(self, name)}")
+        if self.factor < 1:
+            raise ConfigError(f"yarn rope scaling factor must be >= 1 (it extends the context), got {self.factor}")
+        if self.original_max_position_embeddings < 1:
+            raise ConfigError(f"yarn rope scaling original_max_position_embeddings must be >= 1, "
+                              f"got {self.original_max_position_embeddings}")
+        if not 0 < self.beta_slow <= self.beta_fast:
+            raise ConfigError(f"yarn rope scaling needs 0 < beta_slow <= beta_fast, "
+                              f"got beta_slow={self.beta_slow}, beta_fast={self.beta_fast}")
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"yarn rope scaling {name} must be >= 0 (0: not given), got {getattr(self, name)}")
+        af = self.attention_factor
+        if af is not None and not (math.isfinite(af) and af > 0):
+            raise ConfigError(f"yarn rope scaling attention_factor must be a finite number > 0 or None, "
+                              f"got {self.attention_factor}")
+        if not isinstance(self.truncate, bool):
+            raise ConfigError(f"yarn rope scaling truncate must be true or false, got {self.truncate!r}")
+
+    def cos_sin_factor(self) -> float:
+        """What cos/sin rows are multiplied by (YaRN's attention factor; 1 for every other kind)."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched by ``factor``: 1 + 0.1 * mscale * ln(factor)."""
+    return 1.0 if factor <= 1 else 1.0 + 0.1 * mscale * math.log(factor)
 
 
 @dataclass(frozen=True)
@@ -54,6 +116,8 @@ class RopeSpec:
             inv = inv / s.factor
         elif s.kind == "llama3":
             inv = _llama3_scale(inv, s)
+        elif s.kind == "yarn":
+            inv = _yarn_scale(self.theta, self.rotary_dim, s)
         return inv
 
 
@@ -69,6 +133,24 @@ def _llama3_scale(inv: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_scale(theta: float, dim: int, s: RopeScaling) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than ``beta_slow`` times over the original context are interpolated
+    (divided by factor), those turning more than ``beta_fast`` times are kept, a linear ramp between."""
+
+    def dim_of(rotations: float) -> float:  # the (fractional) dimension index turning ``rotations`` times
+        return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [rot/2]
+    wavelen_base = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)  # [rot/2]
+    return ramp / (s.factor * wavelen_base) + (1 - ramp) / wavelen_base  # ramp 1: interpolated, 0: kept
 
 
 @dataclass(frozen=True)
@@ -98,14 +180,18 @@ class RopePlan:
 
 
 def rope_tables(plan: RopePlan, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host tables ``cos, sin``: [n_specs, max_positions, rotary_dim] f32 (halves duplicated)."""
+    """Host tables ``cos, sin``: [n_specs, max_positions, rotary_dim] f32 (halves duplicated).
+
+    Each spec's rows carry its scaling's cos/sin factor (YaRN's attention factor; 1 otherwise).
+    """
     pos = torch.arange(max_positions, dtype=torch.float32)
     cos, sin = [], []
     for spec in plan.specs:
         freqs = torch.outer(pos, spec.inv_freq())  # [P, rot/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, rot]
-        cos.append(emb.cos())
-        sin.append(emb.sin())
+        factor = spec.scaling.cos_sin_factor()
+        cos.append(emb.cos() * factor)
+        sin.append(emb.sin() * factor)
     return torch.stack(cos), torch.stack(sin)
 
 

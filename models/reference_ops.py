@@ -29,7 +29,8 @@ def rope_rows(theta: float, rotary_dim: int, scaling: RopeScaling, length: int) 
     inv_freq = RopeSpec(theta=theta, rotary_dim=rotary_dim, scaling=scaling).inv_freq()
     angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [T, rot/2]
     angles = torch.cat((angles, angles), dim=-1)  # [T, rot]
-    return angles.cos(), angles.sin()
+    factor = scaling.cos_sin_factor()
+    return angles.cos() * factor, angles.sin() * factor
 
 
 def rows_from_plan(plan: RopePlan, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 pytest.importorskip("transformers", reason="the external oracle: pip install -e '.[test]'")
 
 from fuelpipe.weights import load_model  # noqa: E402
-from fuelpipe.weights.errors import CheckpointConfigError, CheckpointFormatError, UnknownArchitectureError  # noqa: E402
+from fuelpipe.weights.errors import CheckpointConfigError, CheckpointFormatError  # noqa: E402
 from hf_helpers import HF_TWINS, build_pair  # noqa: E402
 from models.registry import families  # noqa: E402
 
@@ -20,15 +20,8 @@ def save(hf, path, **kw):
     return path
 
 
-# DeepSeek-V2 checkpoints store routed experts one tensor per expert; the model stacks them and the
-# loader does not restack yet, so its directories are refused by name (see the next test).
-HF_DIR_FAMILIES = sorted(f for f in families() if not families()[f].is_mla)
-
-
-def test_deepseek_v2_directory_is_refused_by_architecture_name(tmp_path):
-    _, hf = build_pair("deepseek_v2", seed=11)
-    with pytest.raises(UnknownArchitectureError, match="DeepseekV2ForCausalLM"):
-        load_model(save(hf, tmp_path))
+# Every family, DeepSeek-V2 included: its per-expert tensors are restacked at load (tests/test_deepseek_hf_dir.py).
+HF_DIR_FAMILIES = sorted(families())
 
 
 @pytest.mark.parametrize("family_name", HF_DIR_FAMILIES)

@@ -67,6 +67,19 @@ def rope_parameters(theta: float, scaling: RopeScaling = RopeScaling(), **extra)
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
+    elif scaling.kind == "yarn":
+        params = {
+            "rope_type": "yarn",
+            "factor": scaling.factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+            "beta_fast": scaling.beta_fast,
+            "beta_slow": scaling.beta_slow,
+            "truncate": scaling.truncate,
+        }
+        # transformers reads 0/absent alike for these; write only what is set
+        params.update({k: getattr(scaling, k) for k in ("mscale", "mscale_all_dim") if getattr(scaling, k)})
+        if scaling.attention_factor is not None:
+            params["attention_factor"] = scaling.attention_factor
     else:
         raise TwinError(f"RoPE scaling kind {scaling.kind!r} has no transformers rope_type mapping")
     return {**params, "rope_theta": theta, **extra}

@@ -10,7 +10,9 @@ One ``Architecture`` per checkpoint architecture says:
 
 HF safetensors need no name table: the families' parameter names follow the
 HF checkpoints (``model.`` prefix aside), so only the config translation is
-per architecture.
+per architecture, plus, where a checkpoint stores one parameter as several
+tensors (DeepSeek-V2's per-expert weights), an ``hf_state_transform`` that
+says how they combine.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fuelpipe.masks import FULL, SLIDING
-from fuelpipe.rope import RopeScaling
+from fuelpipe.rope import YARN_DEFAULTS, RopeScaling
 from fuelpipe.weights.errors import CheckpointConfigError
 
 Transform = Callable[[torch.Tensor, Any], torch.Tensor]  # (f32 tensor, family config) -> tensor
@@ -39,6 +41,26 @@ class TensorRule:
 
 
 @dataclass(frozen=True)
+class Combined:
+    """One parameter that an HF checkpoint stores as several tensors (DeepSeek-V2: one per routed expert).
+
+    ``name`` is what the whole tensor would be called in the checkpoint (it resolves to the parameter like
+    any other name); ``combine`` receives the ``sources`` in order, each read, finiteness-checked and still
+    in its stored dtype, and returns a tensor of ``shape``, checked against the parameter before any read.
+    """
+
+    name: str
+    sources: tuple[str, ...]
+    shape: tuple[int, ...]
+    combine: Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+# (checkpoint directory, family config, checkpoint tensor name -> shape) -> the parameters stored in parts.
+# Raises a WeightsError naming the tensor when the parts are incomplete or do not belong to the model.
+HfStateTransform = Callable[[Path, Any, dict[str, tuple[int, ...]]], tuple[Combined, ...]]
+
+
+@dataclass(frozen=True)
 class Architecture:
     family: str
     gguf_arch: Optional[str]  # general.architecture, None if GGUF files of it are not loaded
@@ -46,6 +68,7 @@ class Architecture:
     config_from_gguf: Optional[Callable[["GgufConfigReader"], dict]]
     config_from_hf: Callable[["HfConfigReader"], dict]
     gguf_tensors: tuple[TensorRule, ...] = ()
+    hf_state_transform: Optional[HfStateTransform] = None  # None: every HF tensor is one parameter
 
 
 # ---- reading checkpoint configs ----------------------------------------------------------
@@ -171,8 +194,29 @@ class HfConfigReader(_TypedValues):
                 "llama3", scaling.float_("factor"), scaling.float_("low_freq_factor"),
                 scaling.float_("high_freq_factor"), scaling.int_("original_max_position_embeddings"),
             )
+        if kind == "yarn":
+            return theta, scaling.yarn(self.int_("max_position_embeddings", None))
         raise CheckpointConfigError(
-            self.path, f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3"
+            self.path, f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3, yarn"
+        )
+
+    def yarn(self, max_position_embeddings: Optional[int]) -> RopeScaling:
+        """A YaRN entry (this reader holds the scaling object). Absent or null fields take transformers' defaults;
+        an absent factor is the context's stretch, max_position_embeddings / original_max_position_embeddings."""
+        original = self.int_("original_max_position_embeddings")
+        factor = self.float_("factor", None)
+        if factor is None:
+            if max_position_embeddings is None:
+                raise CheckpointConfigError(self.path, f"{self.key_name('factor')} is missing and there is no "
+                                                       "max_position_embeddings to derive it from")
+            factor = max_position_embeddings / original
+        d = YARN_DEFAULTS
+        return RopeScaling(
+            "yarn", factor, original_max_position_embeddings=original,
+            beta_fast=self.float_("beta_fast", d["beta_fast"]), beta_slow=self.float_("beta_slow", d["beta_slow"]),
+            mscale=self.float_("mscale", d["mscale"]),
+            mscale_all_dim=self.float_("mscale_all_dim", d["mscale_all_dim"]),
+            attention_factor=self.float_("attention_factor", None), truncate=self.bool_("truncate", d["truncate"]),
         )
 
     def require_activation(self, key: str, allowed: tuple[str, ...]) -> None:

@@ -38,6 +38,22 @@ class UnexpectedTensorError(WeightsError, ValueError):
     """The checkpoint holds a tensor the model has no parameter for (never dropped silently)."""
 
 
+class MissingExpertError(MissingTensorError):
+    """An MoE layer's routed expert has no tensor (checkpoints may store experts one tensor each)."""
+
+    def __init__(self, path: str | Path, layer: int, expert: int, tensor: str, problem: str) -> None:
+        self.layer, self.expert, self.tensor = layer, expert, tensor
+        super().__init__(path, problem)
+
+
+class UnexpectedExpertError(UnexpectedTensorError):
+    """The checkpoint holds a routed expert the model has no place for (index too high, or a dense layer)."""
+
+    def __init__(self, path: str | Path, layer: int, expert: int, tensor: str, problem: str) -> None:
+        self.layer, self.expert, self.tensor = layer, expert, tensor
+        super().__init__(path, problem)
+
+
 class TensorShapeError(WeightsError, ValueError):
     """A checkpoint tensor's shape differs from the parameter it maps onto."""
 

@@ -324,6 +324,24 @@ def _hf_param_name(name: str) -> str:
     return name[len("model."):] if name.startswith("model.") else name
 
 
+def _combined(path: Path, arch: Architecture, config, owner: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """Whole-tensor name -> ``Combined`` for the parameters this checkpoint stores in parts (none for most)."""
+    if arch.hf_state_transform is None:
+        return {}
+    out, part_of = {}, {}
+    for c in arch.hf_state_transform(path, config, shapes):
+        if c.name in owner or c.name in out:
+            raise CheckpointFormatError(path, f"tensor {c.name!r} is stored both whole and in parts")
+        for src in c.sources:
+            if src not in owner:
+                raise MissingTensorError(path, f"missing tensor {src!r} (a part of {c.name!r})")
+            if src in part_of:
+                raise CheckpointFormatError(path, f"tensor {src!r} is a part of both {part_of[src]!r} and {c.name!r}")
+            part_of[src] = c.name
+        out[c.name] = c
+    return out
+
+
 def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     from safetensors import SafetensorError, safe_open
 
@@ -371,6 +389,9 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     except SafetensorError as e:
         raise CheckpointFormatError(file, f"not a readable safetensors file: {e}") from None
     head_owned = "lm_head.weight" in params
+    shapes = {name: tuple(h.get_slice(name).get_shape()) for name, (_, h) in owner.items()}
+    combined = _combined(path, arch, config, owner, shapes)
+    parts = {s for c in combined.values() for s in c.sources}
 
     def resolve(name: str) -> tuple[str, None]:
         target = _hf_param_name(name)
@@ -378,11 +399,14 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
             target = "embed_tokens.weight"  # the family folds its (always tied) head into the embedding
         return target, None
 
-    plan = _plan(path, model, owner, resolve, lambda t: f"model.{t}" if t != "lm_head.weight" else t,
+    sources = [name for name in owner if name not in parts] + list(combined)
+    plan = _plan(path, model, sources, resolve, lambda t: f"model.{t}" if t != "lm_head.weight" else t,
                  f"{arch.family} model")
     for p in plan:
-        file, h = owner[p.source]
-        _check_shape(file, p.source, tuple(h.get_slice(p.source).get_shape()), params[p.target].shape, p.target)
+        if p.source in combined:
+            _check_shape(path, p.source, combined[p.source].shape, params[p.target].shape, p.target)
+        else:
+            _check_shape(owner[p.source][0], p.source, shapes[p.source], params[p.target].shape, p.target)
     report_times["build"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -390,16 +414,27 @@ def load_hf_dir(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     first: dict[str, str] = {}
     types: Counter = Counter()
     checked = 0.0
-    for p in plan:
-        file, h = owner[p.source]
+
+    def read(name: str) -> torch.Tensor:
+        """One stored tensor, as stored, refused if not finite."""
+        nonlocal checked
+        file, h = owner[name]
         try:
-            w = h.get_tensor(p.source)
+            w = h.get_tensor(name)
         except SafetensorError as e:
-            raise CheckpointFormatError(file, f"tensor {p.source!r} cannot be read: {e}") from None
+            raise CheckpointFormatError(file, f"tensor {name!r} cannot be read: {e}") from None
         types[str(w.dtype).removeprefix("torch.")] += 1
         t1 = time.perf_counter()
-        check_finite(file, p.source, w)
+        check_finite(file, name, w)
         checked += time.perf_counter() - t1
+        return w
+
+    for p in plan:
+        if p.source in combined:
+            c = combined[p.source]
+            file, w = path, c.combine([read(s) for s in c.sources])
+        else:
+            file, w = owner[p.source][0], read(p.source)
         _put(file, tensors, first, p, w.to(dtype))
     _assign(path, model, tensors)
     report_times["weights"] = time.perf_counter() - t0 - checked

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fuelpipe.errors import ConfigError
-from fuelpipe.rope import RopeScaling
+from fuelpipe.rope import RopeScaling, yarn_mscale
 
 ROPE_FIELDS = ("rope_theta", "rope_scaling", "max_position_embeddings")
 TOPK_METHODS = ("greedy",)
@@ -61,6 +61,17 @@ class DeepseekV2Config:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN with mscale_all_dim given.
+
+        DeepSeek-V2 corrects the whole score, not only its rotated part, for the stretched context, so this
+        factor lives in the attention, while YaRN's cos/sin factor lives in the RoPE rows.
+        """
+        s = self.rope_scaling
+        correction = yarn_mscale(s.factor, s.mscale_all_dim) ** 2 if s.kind == "yarn" and s.mscale_all_dim else 1.0
+        return self.qk_head_dim**-0.5 * correction
 
     def is_moe_layer(self, index: int) -> bool:
         return self.n_routed_experts > 0 and index >= self.first_k_dense_replace

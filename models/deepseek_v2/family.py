@@ -3,6 +3,7 @@
 The family's registry entry, named by the ``fuelpipe.families`` entry point ``deepseek_v2`` in pyproject.toml.
 """
 from fuelpipe.family import FamilyEntry
+from models.deepseek_v2.checkpoint import DEEPSEEK_V2_ARCHITECTURE
 from models.deepseek_v2.config import DeepseekV2Config, deepseek_v2_tiny, deepseek_v2_tiny_dense
 from models.deepseek_v2.model import DeepseekV2Model
 
@@ -12,5 +13,5 @@ FAMILY = FamilyEntry(
     {"tiny": deepseek_v2_tiny, "tiny_dense": deepseek_v2_tiny_dense},
     is_mla=True,
     config_cls=DeepseekV2Config,
-    architectures=(),
+    architectures=(DEEPSEEK_V2_ARCHITECTURE,),
 )

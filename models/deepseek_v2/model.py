@@ -30,7 +30,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.n_heads, self.nope, self.rope, self.v_dim = (
             c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim)
         self.rank = c.kv_lora_rank
-        self.scale = c.qk_head_dim**-0.5
+        self.scale = c.softmax_scale  # fixed at build, like the weights (YaRN's mscale enters here)
         kw = dict(device=device, dtype=dtype)
         H = self.n_heads
         if c.q_lora_rank is None:

@@ -13,10 +13,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def rotate_pairs(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of x [..., T, R] by angle [T, R/2] (complex multiplication)."""
+def rotate_pairs(x: torch.Tensor, angle: torch.Tensor, magnitude: float) -> torch.Tensor:
+    """Rotate adjacent pairs of x [..., T, R] by angle [T, R/2], scaled by ``magnitude`` (complex multiplication)."""
     z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).flatten(-2).to(x.dtype)
+    return torch.view_as_real(z * torch.polar(torch.full_like(angle, magnitude), angle)).flatten(-2).to(x.dtype)
 
 
 def moe(layer_mlp, c, h: torch.Tensor) -> torch.Tensor:
@@ -42,6 +42,7 @@ def deepseek_v2_reference_logits(model, token_ids: torch.Tensor, rope_plan: Rope
     nope, rope, vd, r = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
     spec = rope_plan.specs[0]
     angle = torch.outer(torch.arange(T, dtype=torch.float32), spec.inv_freq())  # [T, rope/2]
+    magnitude = spec.scaling.cos_sin_factor()  # YaRN's attention factor on the rotated part
     pos = torch.arange(T)
     x = model.embed_tokens.weight[token_ids[0]]  # [T, hidden]
     for i, layer in enumerate(model.layers):
@@ -51,14 +52,14 @@ def deepseek_v2_reference_logits(model, token_ids: torch.Tensor, rope_plan: Rope
         q_nope, q_pe = q[..., :nope], q[..., nope:]
         compressed = a.kv_a_proj_with_mqa(h)
         latent = rms_norm(compressed[:, :r], a.kv_a_layernorm.weight, 1e-6)  # [T, r]
-        k_pe = rotate_pairs(compressed[:, r:], angle)  # [T, rope]
-        q_pe = rotate_pairs(q_pe, angle)
+        k_pe = rotate_pairs(compressed[:, r:], angle, magnitude)  # [T, rope]
+        q_pe = rotate_pairs(q_pe, angle, magnitude)
         if kv_out is not None:
             kv_out.append((latent.clone(), k_pe.clone()))
         kv = a.kv_b_proj(latent).view(T, H, nope + vd).transpose(0, 1)  # expanded: [H, T, nope + v]
         k = torch.cat((kv[..., :nope], k_pe.expand(H, T, rope)), dim=-1)  # [H, T, qk]
         v = kv[..., nope:]  # [H, T, v]
-        scores = torch.cat((q_nope, q_pe), dim=-1) @ k.transpose(1, 2) * (nope + rope) ** -0.5
+        scores = torch.cat((q_nope, q_pe), dim=-1) @ k.transpose(1, 2) * c.softmax_scale
         scores = scores.masked_fill(~allowed(pos, pos, None), float("-inf"))
         attn = torch.softmax(scores.float(), dim=-1).to(x.dtype) @ v  # [H, T, v]
         x = x + a.o_proj(attn.transpose(0, 1).reshape(T, H * vd))

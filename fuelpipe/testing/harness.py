@@ -2,7 +2,7 @@
 
 The harness takes either a model (anything implementing ``DecodeBackbone``,
 usually a ``DecoderModel`` subclass) or a model config name as the CLI knows
-it (``"llama_tiny"``, or an installed package's ``"mistral_sw_tiny"``), and runs
+it (``"llama_tiny"``, or an installed package's ``"myfam_tiny"``), and runs
 registered oracles on one combination of backend, KV strategy and plan mode::
 
     harness = OracleHarness(model=my_model)

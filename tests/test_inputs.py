@@ -56,7 +56,7 @@ def test_generate_with_a_too_small_cache(tiny_llama):
 
 
 def test_bad_backend_and_plan_names(tiny_llama):
-    with pytest.raises(ConfigError, match="backend must be one of"):
+    with pytest.raises(ConfigError, match="unknown backend .inductr.; did you mean .inductor."):
         InferenceContext(tiny_llama, "inductr")
     with pytest.raises(ConfigError, match="plan mode must be one of"):
         InferenceContext(tiny_llama, "fx", "plan-once")

@@ -210,8 +210,7 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             reasons.append(did_you_mean("oracle in experiment.oracles", name, ORACLES))
             continue
         kind = ORACLES.get(name).tolerance
-        tolerance = {**ORACLES.get(name).default_tolerance, **oc.tolerance}
-        if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in tolerance:
+        if kind is Tolerance.MAX_ABS and oc.enabled and dtype not in oc.tolerance:
             reasons.append(f"experiment.oracles.{name}.tolerance has no entry for model.dtype={dtype}")
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")

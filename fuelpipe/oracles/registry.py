@@ -123,10 +123,10 @@ class OracleSettings:
 
 
 def oracle_settings(oracles_cfg: Mapping, name: str) -> OracleSettings:
-    spec = ORACLES.get(name)
-    if name in oracles_cfg:
+    if name in oracles_cfg:  # the schema gives every registered oracle an entry with the spec's defaults
         oc = oracles_cfg[name]
-        return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), {**spec.default_tolerance, **oc.tolerance})
+        return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), dict(oc.tolerance))
+    spec = ORACLES.get(name)
     return OracleSettings(spec.enabled_by_default, False, dict(spec.default_tolerance))
 
 

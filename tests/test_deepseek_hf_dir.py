@@ -232,3 +232,19 @@ def test_the_checkpoint_module_imports_first_without_a_cycle():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0 and "DeepseekV2ForCausalLM" in out.stdout, out.stderr
+
+
+def test_the_directory_passes_the_gate_through_the_config_path(compose_cfg, tmp_path):
+    """``model.weights=hf_dir``, as a user runs it: loads, and vs_transformers (YaRN + experts) and vs_reference pass."""
+    from fuelpipe.runner.job import run_job
+
+    path = save(tmp_path)
+    cfg = compose_cfg(["model.family=deepseek_v2", "model.weights=hf_dir", f"model.path={path}", "kv=latent",
+                       "experiment=smoke", "experiment.oracles.vs_transformers.enabled=true",
+                       "experiment.oracles.vs_reference.enabled=true"], tiny=False)
+    doc = run_job(cfg)
+    assert doc["status"] == "ok", doc.get("reasons")
+    verdicts = {o["name"]: o for o in doc["oracles"]}
+    assert verdicts["vs_transformers"]["passed"] and not verdicts["vs_transformers"].get("skipped")
+    assert verdicts["vs_reference"]["passed"]
+    assert doc["model"]["architecture"] == "DeepseekV2ForCausalLM"

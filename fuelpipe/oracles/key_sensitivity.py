@@ -13,6 +13,11 @@ rebuilt plan's logits must equal a fresh context's on the changed model:
 * each of ``weight_mutations.MUTATIONS`` on a held plan's own model:
   ``copy_``, ``.data =``, a replaced submodule, ``load_state_dict``.
 Mutations run on private deep copies; the model under test is never changed.
+Where the family's class can be rebuilt from its config (``cls(config, device=,
+dtype=)``), each rebuilt plan is also compared with a fresh plan on a *clean
+instance* loaded from the state dict: a fresh context on the same object (or a
+deep copy) would share any derived weight the model memoised outside its module
+tree, and miss it going stale.
 
 The negative control injects IGNORE_MODEL_IDENTITY (the key drops the model's
 structure and weight identity), so a held plan serves changed or other weights.
@@ -45,6 +50,34 @@ def _solo(inp: OracleInput, model, decode_tokens: list[int]) -> list[torch.Tenso
     ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE)
     cache = inp.cache(ctx)
     return [ctx.prefill(cache, list(inp.prompts[0]))[0]] + [ctx.decode(cache, t)[0] for t in decode_tokens]
+
+
+def clean_instance(model):
+    """A new instance of the model's class from its config, loaded with its state dict, or None.
+
+    Nothing Python-side is carried over (a deep copy would carry a derived weight memoised in
+    ``__dict__``), so its fresh plan is what the weights alone compute. A class that is not
+    built as ``cls(config, device=, dtype=)`` (the ``FamilyEntry`` contract) gives None.
+    """
+    first = next(iter(model.parameters()), None)
+    config = getattr(model, "config", None)
+    if first is None or config is None:
+        return None
+    try:
+        clean = type(model)(config, device=first.device, dtype=first.dtype)
+        clean.load_state_dict(model.state_dict())
+    except (TypeError, RuntimeError):
+        return None
+    return clean
+
+
+def _clean_check(inp: OracleInput, name: str, model, decode_tokens: list[int], got: list[torch.Tensor]) -> list[Check]:
+    """``got`` against a fresh plan on a clean instance (see ``clean_instance``); no check without one."""
+    clean = clean_instance(model)
+    if clean is None:
+        return []
+    worst, first_bad = compare(_solo(inp, clean, decode_tokens)[-len(got):], got)
+    return [Check(f"{name}: logits equal a clean instance's", first_bad is None, f"max abs {worst:g}", worst)]
 
 
 def _reuse_and_rebind(inp: OracleInput, prompt: list[int]) -> list[Check]:
@@ -87,7 +120,7 @@ def _served_by_held_plan(inp: OracleInput, held_model, other_model, prompt: list
         Check(f"{name}: stale and rebuilt", stats.last_validity is PlanValidity.STALE and stats.builds == 2,
               f"validity={_v(stats.last_validity)} builds={stats.builds}"),
         Check(f"{name}: logits equal its solo run", first_bad is None, f"max abs {worst:g}", worst),
-    ]
+    ] + _clean_check(inp, name, other_model, [t0], got)
 
 
 def _mutated_under_plan(inp: OracleInput, prompt: list[int]) -> list[Check]:
@@ -113,7 +146,7 @@ def _mutated_under_plan(inp: OracleInput, prompt: list[int]) -> list[Check]:
             Check(f"{name}: stale and rebuilt", stats.last_validity is PlanValidity.STALE and stats.builds == builds + 1,
                   f"validity={_v(stats.last_validity)} builds={stats.builds - builds}"),
             Check(f"{name}: logits equal a fresh plan's", first_bad is None, f"max abs {worst:g}", worst),
-        ]
+        ] + _clean_check(inp, name, model, [t0], [got])
         before = want
     return checks
 

@@ -79,7 +79,7 @@ class Registry(Generic[T]):
         return len(self._all())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._all()
+        return isinstance(name, str) and name in self._all()
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._all()))

@@ -90,8 +90,8 @@ def test_layer_kinds_and_window_match_transformers(fam, overrides):
 
 
 def test_transformers_is_imported_by_tests_only():
-    """fuelpipe and models never import transformers, except the peers benchmark, which times it as a peer,
-    and the twin of the ``vs_transformers`` oracle.
+    """fuelpipe and models never import transformers, except the peers benchmarks (``bench_peers`` and
+    ``bench_batch``), which time it as a peer, and the twin of the ``vs_transformers`` oracle.
 
     There it is imported inside functions only, so fuelpipe imports and runs without it (the peer is then
     reported as not installed, the oracle as skipped).

@@ -11,7 +11,10 @@ Exit codes (the CI gate):
      hold); in a sweep such jobs are skipped and 2 means every job was
   3  internal error: fuelpipe itself crashed (a bug, not the input); the
      traceback is printed and recorded in results.json (status "error").
-     A sweep exits 1 when any job failed, else 3 when any job crashed.
+  4  a negative control was not caught: an oracle passed with its fault injected
+     (status "uncaught"); the oracle cannot fail on this setup.
+     A sweep exits 4 when any job's negative control was not caught, else 1 when any
+     job failed, else 3 when any job crashed.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
 from fuelpipe.errors import ConfigError
 from fuelpipe.results import (
-    ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, RESULTS_FILE, SKIPPED, read_results, write_results,
+    ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, RESULTS_FILE, SKIPPED, UNCAUGHT, read_results, write_results,
 )
 from fuelpipe.runner.job import run_job
 from fuelpipe.runner.table import render
@@ -115,6 +118,8 @@ def _sweep_exit(out: Path) -> int:
     statuses = [row["status"] for row in rows]
     print(f"sweep: {len(rows)} jobs, " + ", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))))
     print(f"report: fuelpipe report {out}")
+    if UNCAUGHT in statuses:
+        return EXIT_CODES[UNCAUGHT]
     if FAILED in statuses:
         return EXIT_CODES[FAILED]
     if ERROR in statuses:

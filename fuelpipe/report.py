@@ -175,7 +175,7 @@ def stage_markdown(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list
     for path, doc in found:
         sections = stage_sections(doc)
         if sections:
-            where = path.parent.relative_to(root) if path.parent != root else Path(".")
+            where = path.parent.relative_to(root) if path.parent != root else Path(root).resolve().name
             out.append(f"### {where}\n\n" + "\n\n".join(sections))
     return out
 

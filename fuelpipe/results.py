@@ -22,9 +22,10 @@ SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 
 OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR = "ok", "failed", "skipped", "config_error", "error"
-STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR)
+UNCAUGHT = "uncaught"  # a negative control ran and its oracle still passed: the oracle cannot fail there
+STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR, UNCAUGHT)
 # The CI contract: 1 is a verdict (an oracle failed), 2 bad input, 3 a crash of fuelpipe itself.
-EXIT_CODES = {OK: 0, FAILED: 1, CONFIG_ERROR: 2, ERROR: 3}
+EXIT_CODES = {OK: 0, FAILED: 1, CONFIG_ERROR: 2, ERROR: 3, UNCAUGHT: 4}
 INTERNAL_ERROR_EXIT = EXIT_CODES[ERROR]
 
 # Top-level keys and their JSON types (None: JSON null allowed).
@@ -112,8 +113,21 @@ def results_doc(
 
 
 def status_of(oracles: list[dict[str, Any]]) -> str:
-    """ok unless an oracle failed; a skipped oracle (it checked nothing, and says why) fails nothing."""
+    """ok unless an oracle failed; a skipped oracle (it checked nothing, and says why) fails nothing.
+
+    Under a negative control the oracle's fault is injected and it must fail: one that passes anyway
+    makes the run ``uncaught`` (exit 4), whatever the other oracles did, so a toothless oracle
+    cannot hide among working ones.
+    """
+    if uncaught_faults(oracles):
+        return UNCAUGHT
     return OK if all(o["passed"] or o.get("skipped", False) for o in oracles) else FAILED
+
+
+def uncaught_faults(oracles: list[dict[str, Any]]) -> list[str]:
+    """A reason per oracle that passed with its fault injected."""
+    return [f"oracle {o['name']} did not catch its injected fault {o.get('fault')!r}: its negative control passed"
+            for o in oracles if o.get("negative_control") and o["passed"] and not o.get("skipped", False)]
 
 
 def env_info(device: str, threads: int) -> dict[str, Any]:

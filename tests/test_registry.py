@@ -232,3 +232,47 @@ def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_cont
     finally:
         ORACLES.unregister("outside_parity")
         register_configs()
+
+
+def test_an_oracle_that_passes_under_its_negative_control_makes_the_run_uncaught(compose_cfg):
+    """A toothless oracle cannot hide among working ones: its uncaught fault is the run's status (exit 4)."""
+    from fuelpipe.config import register_configs
+    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.base import OracleResult
+    from fuelpipe.oracles.registry import OracleSpec, Tolerance
+    from fuelpipe.results import EXIT_CODES, UNCAUGHT
+    from fuelpipe.runner.job import run_job
+    from fuelpipe.runner.table import render
+
+    def toothless(inp) -> OracleResult:  # checks nothing the fault could change
+        return OracleResult("toothless", True, {"checked": 0}, 0.0, "looked at nothing")
+
+    ORACLES.register(OracleSpec("toothless", toothless, Tolerance.BIT_EXACT, Fault.STALE_OFFSET, enabled_by_default=True))
+    register_configs()
+    try:
+        assert run_job(compose_cfg(["experiment=smoke"]))["status"] == "ok"  # passing normally is fine
+        doc = run_job(compose_cfg(["experiment=smoke", "experiment.negative_control=true"]))
+        assert doc["status"] == UNCAUGHT and EXIT_CODES[UNCAUGHT] == 4  # although every other oracle failed
+        assert doc["reasons"] == ["oracle toothless did not catch its injected fault 'stale_offset': "
+                                  "its negative control passed"]
+        assert "PASS (fault NOT caught)" in render(doc)
+        one = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.toothless.inject_fault=true"]))
+        assert one["status"] == UNCAUGHT
+        caught = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.plan_vs_replan.inject_fault=true"]))
+        assert caught["status"] == "failed" and caught["reasons"] == []
+    finally:
+        ORACLES.unregister("toothless")
+        register_configs()
+
+
+def test_a_broken_extension_does_not_break_importing_fuelpipe_and_the_cli_exits_2(tmp_path):
+    root = _fake_distribution(tmp_path, "broken_stage", """
+        [fuelpipe.stages]
+        typo = broken_stage_mod:STAGE
+        """, {"broken_stage_mod": "import not_a_module_anywhere\n"})
+    run = _run(root, "-c", "import fuelpipe.config, fuelpipe.cli; print('imported')")
+    assert run.returncode == 0 and "imported" in run.stdout, run.stderr
+    cli = _run(root, "-m", "fuelpipe", "experiment=smoke", f"hydra.run.dir={tmp_path / 'out'}")
+    assert cli.returncode == 2, cli.stdout + cli.stderr
+    assert "entry point 'typo' of group 'fuelpipe.stages' from distribution 'broken_stage'" in cli.stderr
+    assert "Traceback" not in cli.stderr

@@ -12,7 +12,7 @@ from fuelpipe.bench.decode import run_decode_bench
 from fuelpipe.config.validate import resolve_device, validate
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
-from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of
+from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.generate import plan_generation, run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
@@ -98,7 +98,8 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
             )
     env = env_info(str(asm.device), asm.threads)
     doc = results_doc(
-        status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices
+        status_of(oracles), config=config, env=env, oracles=oracles, bench=bench, overrides=overrides, choices=choices,
+        reasons=uncaught_faults(oracles)
     )
     doc["model"] = asm.model_record
     doc["generation"] = generation

@@ -43,6 +43,9 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"error: fuelpipe itself failed (a bug, not your configuration): {doc['error']['type']}: "
                      f"{doc['error']['message']}")
         lines.append("  (traceback above and in results.json error.traceback)")
+    elif doc["reasons"] and doc["status"] == "uncaught":
+        lines.append("uncaught: a negative control did not make its oracle fail:")
+        lines += [f"  - {r}" for r in doc["reasons"]]
     elif doc["reasons"]:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]
@@ -93,6 +96,8 @@ def verdict_of(oracle: dict[str, Any]) -> str:
     """PASS, FAIL, or SKIP (the oracle checked nothing; never counted as a pass)."""
     if oracle.get("skipped", False):
         return "SKIP"
+    if oracle.get("negative_control") and oracle["passed"]:
+        return "PASS (fault NOT caught)"
     return "PASS" if oracle["passed"] else "FAIL"
 
 
@@ -112,7 +117,12 @@ def _tol(tolerance) -> str:
 
 def stage_sections(doc: dict[str, Any]) -> list[str]:
     """Each registered stage's rendering of its section of ``doc`` (stages absent from ``doc`` add nothing)."""
+    from fuelpipe.errors import ConfigError
     from fuelpipe.stages import ordered_stages
 
-    return [stage.render(doc[stage.results_key]) for stage in ordered_stages()
+    try:
+        stages = ordered_stages()
+    except ConfigError as err:  # a broken installed stage: say so, render the rest of the report
+        return [f"(experiment stage sections not rendered: {err})"]
+    return [stage.render(doc[stage.results_key]) for stage in stages
             if stage.render is not None and doc.get(stage.results_key)]

@@ -128,20 +128,10 @@ class TransformersBatch(BatchSystem):
         return BatchRun([row[width:].tolist() for row in out], wall)
 
     def _generate_kwargs(self) -> dict:
-        import transformers
+        from fuelpipe.bench.peers.systems import generate_kwargs
 
-        kw: dict = dict(do_sample=False, top_p=None, top_k=None, temperature=None, pad_token_id=0)
-        if self.mode == "padded":
-            kw["disable_compile"] = True
-        else:
-            kw["cache_implementation"] = "static"
-        if self.mode == "static":
-            kw["disable_compile"] = True
-        if self.mode == "static_compile":
-            cc = transformers.CompileConfig(fullgraph=True, mode="default")
-            cc._compile_all_devices = True  # generate only auto-compiles on accelerators unless told
-            kw["compile_config"] = cc
-        return kw
+        # "padded" is the dynamic cache on a left-padded batch
+        return generate_kwargs("dynamic" if self.mode == "padded" else self.mode) | {"pad_token_id": 0}
 
     def _continuous(self, prompts: list[list[int]], new_tokens: int) -> BatchRun:
         import logging

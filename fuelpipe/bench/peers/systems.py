@@ -99,20 +99,7 @@ class TransformersSystem(PeerSystem):
         self.model = self._shared["model"]
 
     def _generate_kwargs(self) -> dict:
-        import transformers
-
-        kw: dict = dict(do_sample=False, top_p=None, top_k=None, temperature=None)
-        if self.mode == "dynamic":
-            kw["disable_compile"] = True
-        else:
-            kw["cache_implementation"] = "static"
-        if self.mode == "static":
-            kw["disable_compile"] = True
-        if self.mode == "static_compile":
-            cc = transformers.CompileConfig(fullgraph=True, mode="default")
-            cc._compile_all_devices = True  # generate only auto-compiles on accelerators unless told
-            kw["compile_config"] = cc
-        return kw
+        return generate_kwargs(self.mode)
 
     def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
         from transformers.generation.streamers import BaseStreamer
@@ -178,3 +165,21 @@ class LlamaCppSystem(PeerSystem):
             if i < new_tokens - 1:
                 llm.eval([token])
         return clock.trace()
+
+
+def generate_kwargs(mode: str) -> dict:
+    """Greedy ``generate`` keyword arguments for a transformers cache mode: dynamic, static, static_compile."""
+    import transformers
+
+    kw: dict = dict(do_sample=False, top_p=None, top_k=None, temperature=None)
+    if mode == "dynamic":
+        kw["disable_compile"] = True
+    else:
+        kw["cache_implementation"] = "static"
+    if mode == "static":
+        kw["disable_compile"] = True
+    if mode == "static_compile":
+        cc = transformers.CompileConfig(fullgraph=True, mode="default")
+        cc._compile_all_devices = True  # generate only auto-compiles on accelerators unless told
+        kw["compile_config"] = cc
+    return kw

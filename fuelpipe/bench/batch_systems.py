@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request
+from fuelpipe.bench.peers.systems import shared_hf_model, transformers_missing
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.kv.spec import KvSpec
@@ -92,24 +93,18 @@ class TransformersBatch(BatchSystem):
             raise ValueError(f"transformers batch mode must be one of {self.MODES}, got {mode!r}")
         self.path, self.mode, self._shared = gguf_path, mode, shared
         self.name = f"transformers {mode.replace('_', '+')}"
-        try:
-            import accelerate  # noqa: F401  (transformers' GGUF loading needs it)
-            import transformers
-        except ImportError as err:
-            self.missing = f"not installed ({err.name}): pip install -e '.[test]'"
+        self.missing = transformers_missing()
+        if self.missing:
             return
+        import transformers
+
         if gguf_path is None:
             self.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
         elif mode == "continuous" and not hasattr(transformers.GenerationMixin, "generate_batch"):
             self.missing = f"transformers {transformers.__version__} has no continuous batching (generate_batch)"
 
     def setup(self) -> None:
-        if "model" not in self._shared:
-            import transformers
-
-            self._shared["model"] = transformers.AutoModelForCausalLM.from_pretrained(
-                self.path.parent, gguf_file=self.path.name, dtype=torch.float32, attn_implementation="sdpa").eval()
-        self.model = self._shared["model"]
+        self.model = shared_hf_model(self.path, self._shared)
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> BatchRun:
         if self.mode == "continuous":

@@ -81,22 +81,10 @@ class TransformersSystem(PeerSystem):
             raise ValueError(f"transformers mode must be one of {self.MODES}, got {mode!r}")
         self.path, self.mode, self._shared = gguf_path, mode, shared
         self.name = f"transformers {mode.replace('_', '+')}"
-        try:
-            import accelerate  # noqa: F401  (transformers' GGUF loading needs it)
-            import transformers  # noqa: F401
-        except ImportError as err:
-            self.missing = f"not installed ({err.name}): pip install -e '.[test]'"
+        self.missing = transformers_missing()
 
     def setup(self) -> None:
-        if "model" not in self._shared:  # one loaded model serves every mode
-            import transformers
-
-            kw = dict(gguf_file=self.path.name)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                self.path.parent, dtype=torch.float32, attn_implementation="sdpa", **kw
-            ).eval()
-            self._shared["model"] = model
-        self.model = self._shared["model"]
+        self.model = shared_hf_model(self.path, self._shared)
 
     def _generate_kwargs(self) -> dict:
         return generate_kwargs(self.mode)
@@ -183,3 +171,23 @@ def generate_kwargs(mode: str) -> dict:
         cc._compile_all_devices = True  # generate only auto-compiles on accelerators unless told
         kw["compile_config"] = cc
     return kw
+
+
+def transformers_missing() -> Optional[str]:
+    """Why transformers cannot run here (its GGUF loading needs accelerate too), or None."""
+    try:
+        import accelerate  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        return f"not installed ({err.name}): pip install -e '.[test]'"
+    return None
+
+
+def shared_hf_model(gguf_path: Path, shared: dict):
+    """transformers' own load of the GGUF (dequantized to f32), once per ``shared`` dict: every mode uses it."""
+    if "model" not in shared:
+        import transformers
+
+        shared["model"] = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return shared["model"]

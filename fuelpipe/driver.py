@@ -58,6 +58,11 @@ class PlanStats:
     rebinds: int = 0
     refusals: list[str] = field(default_factory=list)
     build_s: float = 0.0
+    # Persistent plan cache (backend.plan_cache): builds served from disk, and where build time went.
+    cache_hits: int = 0
+    cache_misses: int = 0  # compiled (a miss, or a corrupt / mismatched entry rebuilt)
+    compile_s: float = 0.0
+    cache_load_s: float = 0.0
     last_validity: Optional[PlanValidity] = None  # the verdict on the held plan at the last step that had one
 
 
@@ -99,6 +104,8 @@ def build_session(
 ) -> DecodeSession:
     passes = passes_for_rows(spec.fx_passes, host.batch)  # a batch step's linears are GEMMs
     spec = dataclasses.replace(spec, fx_passes=passes_under(fault, passes))  # a fault's faulty pass, if any
+    if fault is Fault.PLAN_CACHE_IGNORES_WEIGHTS:
+        spec = dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
     step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
     program = build_program(spec, step, step_kind)
     device = cache.bound_tensors()[0].device
@@ -139,6 +146,12 @@ class HeldPlan:
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0
+        event = session.program.cache_event
+        if event is not None and event.status != "uncacheable":
+            self.stats.cache_hits += event.hit
+            self.stats.cache_misses += not event.hit
+            self.stats.compile_s += event.compile_s
+            self.stats.cache_load_s += event.load_s
         self.session = session
         return logits
 

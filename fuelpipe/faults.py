@@ -30,3 +30,6 @@ class Fault(enum.Enum):
     STALE_PADDING_ROW = "stale_padding_row"
     # The batch plan is keyed on which sequences are live, so every join or leave rebuilds it (over-keying)
     REBUILD_ON_JOIN = "rebuild_on_join"
+    # The persistent plan cache keys entries without the weight digest: a plan compiled (weights baked) for one
+    # checkpoint is loaded for another of the same shapes
+    PLAN_CACHE_IGNORES_WEIGHTS = "plan_cache_ignores_weights"

@@ -19,7 +19,7 @@ from fuelpipe.results import RESULTS_FILE, read_results, schema_problems
 
 COLUMNS = (
     "combination", "status", "decode_ms_per_token", "plan_once_ms_per_token", "replan_ms_per_token",
-    "replan_over_plan_once", "plan_build_ms", "tokens_per_s", "oracles_passed", "notes", "path",
+    "replan_over_plan_once", "plan_build_ms", "plan_compile_ms", "plan_cache", "tokens_per_s", "oracles_passed", "notes", "path",
 )
 # Fields of a results document that name a combination, in label order.
 LABEL_FIELDS = (
@@ -75,12 +75,21 @@ def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str,
             "replan_ms_per_token": bench.get("replan_ms_per_token"),
             "replan_over_plan_once": bench.get("replan_over_plan_once"),
             "plan_build_ms": bench.get("plan_build_ms"),
+            "plan_compile_ms": (bench.get("plan_cache") or {}).get("compile_ms"),
+            "plan_cache": _cache_cell(bench.get("plan_cache")),
             "tokens_per_s": bench.get("tokens_per_s"),
             "oracles_passed": f"{sum(bool(o['passed']) for o in oracles)}/{len(oracles)}",
             "notes": notes,
             "path": str(path.parent.relative_to(root)) if path.is_relative_to(root) else str(path.parent),
         })
     return out
+
+
+def _cache_cell(pc: Optional[dict]) -> str:
+    """``hits/builds`` of a persistent plan cache ("" when none was in use)."""
+    if not pc:
+        return ""
+    return f"{pc['hits']} hit / {pc['hits'] + pc['misses']}"
 
 
 def _labels(docs: list[dict[str, Any]]) -> list[str]:

@@ -45,7 +45,20 @@ class Arm:
             "prefill_ms": self.prefill_ms,
             "plan_build_ms": 1000.0 * stats.build_s / max(1, stats.builds),
             "plan_builds": stats.builds,
+            "plan_cache_hits": stats.cache_hits,
+            "plan_cache_misses": stats.cache_misses,
+            "plan_compile_ms": 1000.0 * stats.compile_s,
+            "plan_cache_load_ms": 1000.0 * stats.cache_load_s,
         }
+
+
+def _plan_cache_record(setup: Setup, summary: dict) -> Optional[dict]:
+    """Where the measured mode's build time went with a persistent plan cache (None: no cache in use)."""
+    pc = setup.backend.plan_cache
+    if not pc.enabled or setup.backend.name != "inductor":
+        return None
+    return {"dir": pc.dir, "hits": summary["plan_cache_hits"], "misses": summary["plan_cache_misses"],
+            "compile_ms": summary["plan_compile_ms"], "load_ms": summary["plan_cache_load_ms"]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -122,6 +135,7 @@ def run_decode_bench(
         "prefill_ms": main.prefill_ms,
         "plan_build_ms": by_mode[setup.plan.value]["plan_build_ms"],
         "plan_builds": by_mode[setup.plan.value]["plan_builds"],
+        "plan_cache": _plan_cache_record(setup, by_mode[setup.plan.value]),
         "tokens": tokens,
         "warmup": warmup,
         "prompt_tokens": len(prompt),

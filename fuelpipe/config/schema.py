@@ -89,11 +89,20 @@ class BatchConfig:
 
 
 @dataclass
+class PlanCacheConfig:
+    """Compiled inductor plans kept on disk and reused by any process whose plan matches (fuelpipe.plan.aot_program)."""
+
+    dir: Optional[str] = None  # null: off; a folder every sweep worker can read and write
+    max_gb: float = 8.0  # least recently used entries go past this
+
+
+@dataclass
 class BackendConfig:
     name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
     device: Device = Device.cpu
     fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes"])
     threads: Optional[int] = None  # torch intra-op threads; null: torch's default
+    plan_cache: PlanCacheConfig = field(default_factory=PlanCacheConfig)  # inductor only
 
 
 @dataclass

@@ -30,6 +30,7 @@ def validate(cfg: DictConfig) -> list[str]:
     reasons += _kv(cfg, model_cfg)
     reasons += _backend(cfg.backend)
     reasons += _plan(cfg.plan)
+    reasons += _plan_cache(cfg)
     reasons += _batch(cfg.batch)
     reasons += _experiment(cfg.experiment, cfg.model.dtype.value, model_cfg)
     gen = cfg.experiment.generate
@@ -184,6 +185,27 @@ def _plan(p: DictConfig) -> list[str]:
     if not torch.cuda.is_available():
         return ["plan=captured needs CUDA (graph capture), but torch.cuda.is_available() is False"]
     return [f"plan=captured {NOT_YET}; use plan=plan_once"]
+
+
+def _plan_cache(cfg: DictConfig) -> list[str]:
+    from pathlib import Path
+
+    pc = cfg.backend.plan_cache
+    reasons = []
+    if not pc.max_gb > 0:
+        reasons.append(f"backend.plan_cache.max_gb must be > 0, got {pc.max_gb}")
+    if pc.dir is None or cfg.backend.name != "inductor":
+        return reasons  # off, or a backend that compiles nothing to keep (results.json says so)
+    if Path(pc.dir).expanduser().is_file():
+        reasons.append(f"backend.plan_cache.dir={pc.dir!r} is a file, not a folder")
+    offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
+    if offset is None and cfg.model.family in families():
+        offset = getattr(families()[cfg.model.family].model_cls, "offset_mode", None)
+    if offset == "symbol":
+        reasons.append(f"backend.plan_cache needs per-token data as tensors, but the offset path is 'symbol' "
+                       f"(model.family={cfg.model.family}, plan.offset_mode={offset}): host integers would be "
+                       "stored as constants; set plan.offset_mode=tensor")
+    return reasons
 
 
 def batch_spec(b: DictConfig):

@@ -24,6 +24,7 @@ from fuelpipe.oracles import (
     key_sensitivity,
     kv_sharing,
     plan_accounting,
+    plan_cache,
     plan_vs_replan,
     rebind_guard,
     request_isolation,
@@ -105,6 +106,7 @@ BUILTIN_ORACLES = (
     _builtin("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION),
     _builtin("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
     _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
+    _builtin("plan_cache", plan_cache.run, Tolerance.MAX_ABS, Fault.PLAN_CACHE_IGNORES_WEIGHTS),
 )
 ORACLES: Registry[OracleSpec] = Registry("fuelpipe.oracles", "oracle", OracleSpec)
 

@@ -12,9 +12,10 @@ per-code-object cache never serves one build's code to another.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -22,8 +23,12 @@ from torch import nn
 
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.registry import Registry, did_you_mean
 from fuelpipe.step import SYMBOLIC_KINDS
+
+if TYPE_CHECKING:
+    from fuelpipe.plan.aot_program import PlanCacheEvent
 
 CACHE_POLICIES = ("cold", "warm")
 
@@ -36,6 +41,9 @@ class BackendSpec:
     # FX-graph and autograd caches are off for the build); "warm" = on-disk /
     # in-memory compile caches may serve a rebuild. Stated in every result.
     cache_policy: str = "warm"
+    # Where inductor plans persist across processes (``backend.plan_cache``; off by default):
+    # see fuelpipe.plan.aot_program.
+    plan_cache: PlanCacheSpec = PlanCacheSpec()
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -74,6 +82,8 @@ class StepProgram:
     # The first call compiles (torch.compile and the like): it counts as build time, and a
     # program with a ``counter`` that compiled nothing is refused rather than run as eager.
     compiles_on_first_call: bool = False
+    # A persistent (plan_cache) build: what its first call did (hit / miss / corrupt / mismatch, timings).
+    cache_event: Optional["PlanCacheEvent"] = None
 
     @property
     def compiles(self) -> int:
@@ -126,6 +136,8 @@ def _build_fx(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram
 
 
 def _build_inductor(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    if spec.plan_cache.enabled:
+        return _build_inductor_cached(spec, step, step_kind)
     t0 = time.perf_counter()
     gm, applied = trace_step(step, spec.fx_passes)
     counter = CompileCounter()
@@ -134,6 +146,19 @@ def _build_inductor(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepP
     compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind in SYMBOLIC_KINDS)
     return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy,
                        compiles_on_first_call=True)
+
+
+def _build_inductor_cached(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    """The inductor plan as a stored AOTInductor package (keyed, loaded or compiled on the first call)."""
+    from fuelpipe.plan.aot_program import CachedAotStep, PlanCacheEvent, cacheable
+
+    if not cacheable(step_kind):
+        program = _build_inductor(dataclasses.replace(spec, plan_cache=PlanCacheSpec()), step, step_kind)
+        program.cache_event = PlanCacheEvent("uncacheable", f"step kind {step_kind!r} passes host integers")
+        return program
+    fn = CachedAotStep(spec.plan_cache, step, step_kind, trace_step, tuple(spec.fx_passes))
+    return StepProgram("inductor", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
+                       compiles_on_first_call=True, cache_event=fn.event)
 
 
 BUILTIN_BACKENDS = (

@@ -20,6 +20,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.runner.model_record import model_record
 from models.registry import build_random_model
 
@@ -63,6 +64,7 @@ def setup_from(cfg: DictConfig) -> Setup:
         name=cfg.backend.name,
         fx_passes=tuple(cfg.backend.fx_passes),
         cache_policy=cfg.plan.cache_policy.value,
+        plan_cache=PlanCacheSpec(dir=cfg.backend.plan_cache.dir, max_gb=float(cfg.backend.plan_cache.max_gb)),
     )
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
     kv = KvSpec(layout=cfg.kv.layout.value, block_size=cfg.kv.block_size or 16, num_blocks=cfg.kv.num_blocks)

@@ -155,6 +155,8 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         "wall_s": wall,
         "kv_capacity": req.capacity,
         "plan_builds": ctx.plan.stats.builds,
+        "plan_build_s": ctx.plan.stats.build_s,
+        "plan_cache_hits": ctx.plan.stats.cache_hits,
         "load": asm.load,
     }
 

@@ -1,0 +1,139 @@
+"""Does the persistent plan cache serve a stored plan only to the plan it was built for?
+
+Runs where a plan cache is configured (``backend=inductor backend.plan_cache.dir=...``),
+in that folder, with fresh contexts (nothing held in memory carries over, as in a new
+process). Both halves:
+
+Must reuse (a cache that never hits throws the saving away):
+* building the same plan twice: the second build is a ``hit`` of the first one's entry,
+  and its logits are bit-identical to the first build's.
+
+Must not reuse (a cache that hits too readily serves a wrong answer at full speed):
+* the same config with other weights (``other_model``): another entry (a different key),
+  and logits equal to that model's own reference run;
+* the same model at another geometry (a cache of another capacity): another entry;
+* a corrupted entry (one payload byte flipped): reported ``corrupt`` and rebuilt, never
+  loaded, and the rebuilt plan computes the same logits.
+
+Every served plan's logits are compared with the eager reference on the same model,
+within the run's tolerance. The negative control keys entries without the weight digest
+(Fault.PLAN_CACHE_IGNORES_WEIGHTS): other weights then load the first model's plan, whose
+weights are baked in, and its logits are the first model's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fuelpipe.driver import PlanMode
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, skipped
+from fuelpipe.plan.plan_store import PAYLOAD, PlanStore
+from fuelpipe.sampling import greedy
+
+NAME = "plan_cache"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    seen: str
+    error: float = 0.0
+
+
+@dataclass
+class Served:
+    status: str
+    key: str
+    logits: list[torch.Tensor]
+
+
+def _serve(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> Served:
+    """Prefill and decode ``tokens`` on a fresh plan_once context; the decode plan's cache event and logits."""
+    ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    cache = inp.setup.kv.new_cache(ctx, max_seq_len)
+    logits = [ctx.prefill(cache, list(inp.prompts[0]))[0]]
+    logits += [ctx.decode(cache, t)[0] for t in tokens]
+    event = ctx.plan.session.program.cache_event
+    return Served(event.status if event else "none", event.key if event else "", logits)
+
+
+def _reference(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> list[torch.Tensor]:
+    ctx = inp.setup.with_backend("eager").context(model, plan=PlanMode.PLAN_ONCE)
+    cache = inp.setup.kv.new_cache(ctx, max_seq_len)
+    return [ctx.prefill(cache, list(inp.prompts[0]))[0]] + [ctx.decode(cache, t)[0] for t in tokens]
+
+
+def _matches_reference(inp, name: str, served: Served, want: list[torch.Tensor]) -> Check:
+    worst, first_bad, _, allowed = compare_scaled(want, served.logits, inp.tolerance or 0.0)
+    return Check(f"{name}: logits equal the eager reference", first_bad is None,
+                 f"max abs {worst:g} (allowed {allowed:g}, entry {served.status})", worst)
+
+
+def _flip_a_byte(store: PlanStore, digest: str) -> None:
+    path = store.entry(digest) / PAYLOAD
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def run(inp: OracleInput) -> OracleResult:
+    pc = inp.setup.backend.plan_cache
+    if inp.setup.backend.name != "inductor" or not pc.enabled:
+        return skipped(NAME, "no persistent plan cache in use (backend=inductor backend.plan_cache.dir=<folder>)")
+    n = inp.max_seq_len
+    ref_ctx = inp.setup.with_backend("eager").context(inp.model, plan=PlanMode.PLAN_ONCE)
+    first_token = greedy(ref_ctx.prefill(inp.setup.kv.new_cache(ref_ctx, n), list(inp.prompts[0])))
+    tokens = [first_token, (first_token + 1) % inp.model.config.vocab_size]
+    want = _reference(inp, inp.model, n, tokens)
+
+    first = _serve(inp, inp.model, n, tokens)  # a hit or a compile: either is right here
+    checks = [_matches_reference(inp, "first build", first, want)]
+    again = _serve(inp, inp.model, n, tokens)
+    worst, bad = compare(first.logits, again.logits)
+    checks += [
+        Check("same plan again: a hit", again.status == "hit" and again.key == first.key,
+              f"status {again.status}, same key {again.key == first.key}"),
+        Check("same plan again: logits bit-identical", bad is None, f"max abs {worst:g}", worst),
+    ]
+
+    other = inp.other_model()
+    served = _serve(inp, other, n, tokens)
+    checks += [
+        Check("other weights: another entry", served.key != first.key, f"status {served.status}, "
+              f"key {'differs' if served.key != first.key else 'is the first model key'}"),
+        _matches_reference(inp, "other weights", served, _reference(inp, other, n, tokens)),
+    ]
+
+    wider = n + 16
+    served = _serve(inp, inp.model, wider, tokens)
+    checks += [
+        Check("other geometry: another entry", served.key != first.key, f"status {served.status}, "
+              f"capacity {wider} vs {n}"),
+        _matches_reference(inp, "other geometry", served, _reference(inp, inp.model, wider, tokens)),
+    ]
+
+    store = PlanStore(pc.dir, pc.max_bytes)
+    if (store.entry(first.key) / PAYLOAD).is_file():
+        _flip_a_byte(store, first.key)
+        served = _serve(inp, inp.model, n, tokens)
+        checks += [
+            Check("corrupted entry: rebuilt, not loaded", served.status == "corrupt", f"status {served.status}"),
+            _matches_reference(inp, "corrupted entry rebuilt", served, want),
+        ]
+    else:
+        checks.append(Check("corrupted entry: rebuilt, not loaded", False,
+                            f"the first build's entry {first.key} is not in {pc.dir} (evicted? max_gb={pc.max_gb})"))
+
+    failed = [f"{c.name} ({c.seen})" for c in checks if not c.ok]
+    return OracleResult(
+        name=NAME,
+        passed=not failed,
+        metric={"checks": len(checks), "failed_checks": len(failed), "max_abs_error": max(c.error for c in checks),
+                "first_build": first.status},
+        tolerance=inp.tolerance,
+        detail="failed: " + "; ".join(failed) if failed else "; ".join(f"{c.name}: {c.seen}" for c in checks),
+    )

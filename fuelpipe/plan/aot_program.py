@@ -1,0 +1,145 @@
+"""An inductor plan that outlives the process: the step compiled ahead of time and kept on disk.
+
+With ``backend.plan_cache.dir`` set, the inductor backend builds the step as an
+AOTInductor package (``torch.export`` of the pass-optimised fx graph, compiled by
+inductor into a shared library with the weights baked in) instead of a
+``torch.compile`` program, and stores it under the step's content key
+(``fuelpipe.plan.plan_cache_key``). A later build with the same key, in this process
+or any other that reads the folder, loads the package: no tracing, no passes, no
+compilation. The build is lazy: the key needs the step's first arguments (its
+geometry), so the first call keys, loads or compiles, and runs.
+
+Per-token data stays data: the package takes the same arguments as the fx step
+(token, RoPE rows, mask, write index, block table or slots, bound KV list) and
+writes the KV tensors it is given in place. Step kinds that pass host integers
+(the ``symbol`` offset paths) are refused: an integer argument would be compiled
+as a constant.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from fuelpipe.errors import PlanError
+from fuelpipe.plan.plan_cache_key import content_key
+from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
+from fuelpipe.step import SYMBOLIC_KINDS
+
+
+@dataclass
+class PlanCacheEvent:
+    """What one cached build did, for the plan's stats and results.json."""
+
+    status: str = ""  # hit | miss | corrupt | mismatch (the last three compiled) | uncacheable
+    detail: str = ""
+    key: str = ""
+    key_s: float = 0.0  # tracing for the key, hashing weights and inputs
+    compile_s: float = 0.0  # passes, export and AOT compilation (0 on a hit)
+    load_s: float = 0.0  # verifying and loading the package
+    published: Optional[bool] = None  # a compile: whether this process's entry was the one kept
+    entry_bytes: int = 0
+
+    @property
+    def hit(self) -> bool:
+        return self.status == "hit"
+
+    def record(self) -> dict:
+        return {"status": self.status, "detail": self.detail, "key": self.key, "key_s": round(self.key_s, 4),
+                "compile_s": round(self.compile_s, 4), "load_s": round(self.load_s, 4),
+                "published": self.published, "entry_bytes": self.entry_bytes}
+
+
+def cacheable(step_kind: str) -> bool:
+    """Whether a step kind can be stored: its per-token data must all be tensors.
+
+    The ``symbol`` kinds pass host integers, which a stored plan would bake as constants. The
+    config refuses a plan cache on that path up front; a variant an oracle builds there on its
+    own (a cached run's symbol-path comparison) compiles with torch.compile, uncached, and its
+    build says so (``PlanCacheEvent.status == "uncacheable"``).
+    """
+    return step_kind not in SYMBOLIC_KINDS
+
+
+@dataclass
+class CachedAotStep:
+    """The program ``fn`` of a cached inductor plan: keys, loads or compiles on its first call."""
+
+    spec_cache: PlanCacheSpec
+    step: nn.Module
+    step_kind: str
+    trace: Callable  # (step, passes) -> (GraphModule, applied passes): fuelpipe.plan.backends.trace_step
+    passes: tuple[str, ...]
+    event: PlanCacheEvent = field(default_factory=PlanCacheEvent)
+    passes_applied: dict = field(default_factory=dict)
+    _run: Optional[Callable] = None
+
+    def __call__(self, *args):
+        if self._run is None:
+            self._run = self._realize(args)
+        return self._run(*args)
+
+    def _realize(self, args: tuple) -> Callable:
+        import torch.fx as fx
+
+        store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
+        t0 = time.perf_counter()
+        raw = fx.symbolic_trace(self.step)
+        key = content_key(raw, args, step_kind=self.step_kind, backend="inductor", fx_passes=self.passes,
+                          key_weights=self.spec_cache.key_weights)
+        fields, digest = key.fields(), key.digest()
+        ev = self.event
+        ev.key, ev.key_s = digest, time.perf_counter() - t0
+        del raw
+        t1 = time.perf_counter()
+        found = store.lookup(digest, fields)
+        ev.status, ev.detail = found.status, found.detail
+        if found.hit:
+            try:
+                run = _load(found.path)
+                self.passes_applied.update((found.extra or {}).get("passes_applied", {}))
+                ev.load_s = time.perf_counter() - t1
+                ev.entry_bytes = found.path.stat().st_size
+                return run
+            except Exception as err:  # a package this torch cannot load is a rebuild, never a crash
+                ev.status, ev.detail = "corrupt", f"load failed: {type(err).__name__}: {err}"
+                store._remove(found.path.parent)
+        t2 = time.perf_counter()
+        gm, applied = self.trace(self.step, self.passes)
+        self.passes_applied.update(applied)
+        path, ev.published = store.store(digest, fields, lambda out: _compile(gm, args, out),
+                                         extra={"passes_applied": applied})
+        ev.compile_s = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        run = _load(path) if path.exists() else _load_compiled_anyway(gm, args)
+        ev.load_s = time.perf_counter() - t3
+        ev.entry_bytes = path.stat().st_size if path.exists() else 0
+        return run
+
+
+def _compile(gm, args: tuple, out: Path) -> None:
+    """Export ``gm`` at ``args``'s shapes and compile it into an AOTInductor package at ``out``."""
+    exported = torch.export.export(gm, tuple(args), strict=False)
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(out))
+    if not out.is_file():
+        raise PlanError(f"AOTInductor wrote no package at {out}")
+
+
+def _load(path: Path) -> Callable:
+    import torch._inductor
+
+    return torch._inductor.aoti_load_package(str(path))
+
+
+def _load_compiled_anyway(gm, args: tuple) -> Callable:
+    """The published entry vanished between publishing and loading (evicted): compile privately."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.pt2"
+        _compile(gm, args, out)
+        return _load(out)

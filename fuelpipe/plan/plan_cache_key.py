@@ -1,0 +1,152 @@
+"""The content key of a persistent plan: what a compiled step is, independent of the process that built it.
+
+The in-process plan key (``fuelpipe.plan.validity.PlanKey``) names objects: instance
+ids, storage addresses and version counters, which mean nothing in another process
+and must never be written to disk. A plan stored on disk is found by content instead:
+
+* ``graph``: a digest of the step traced into an fx graph before any pass, so every
+  structural fact (layer count, head layout, norm epsilon, RoPE plan, masks) that
+  reaches the computation is in it, whatever the config object says;
+* ``weights``: a digest of every tensor the graph reads (name, dtype, shape, bytes);
+  the compiled package bakes them, so another checkpoint must never match;
+* ``inputs``: shape, dtype, stride and device of every step argument (the geometry:
+  KV capacity, block table width, batch rows);
+* the build recipe: backend, fx passes (and the source of the modules that implement
+  them), the intra-op thread count the split pass divides by, the torch version and
+  the CPU capability the kernels were generated for.
+
+``PlanContentKey.digest()`` names the entry; ``fields()`` is stored beside it and must
+match exactly on load (a digest collision or a tampered entry is a rebuild, not a hit).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.fx as fx
+
+import fuelpipe
+
+FORMAT = "fuelpipe-plan-cache/1"
+# Source files whose code shapes what a plan compiles beyond the traced graph: the passes
+# and the kernels they call. An edit to any of them changes every key.
+_RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelpipe.plan.derived_weights",
+                   "fuelpipe.plan.aot_program")
+
+
+@dataclass(frozen=True)
+class PlanContentKey:
+    graph: str
+    weights: str  # "" only under the negative control (Fault.PLAN_CACHE_IGNORES_WEIGHTS)
+    inputs: str
+    step_kind: str
+    backend: str
+    fx_passes: tuple[str, ...]
+    recipe_source: str
+    threads: int
+    torch_version: str
+    cpu_capability: str
+    fuelpipe_version: str
+    format: str = FORMAT
+
+    def fields(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fx_passes"] = list(self.fx_passes)
+        return d
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()[:40]
+
+
+def graph_digest(gm: fx.GraphModule) -> str:
+    return hashlib.sha256(gm.code.encode()).hexdigest()
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous()
+    return memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else memoryview(b"")
+
+
+def weights_digest(gm: fx.GraphModule) -> str:
+    """sha256 over every tensor the graph can read: its name, dtype, shape and bytes.
+
+    That is every parameter and buffer of the traced module (leaf modules such as ``nn.Linear``
+    are ``call_module`` nodes, whose weights no ``get_attr`` names) and every plain tensor
+    attribute a ``get_attr`` node reads.
+    """
+    tensors: dict[str, torch.Tensor] = dict(gm.named_parameters(remove_duplicate=False))
+    tensors.update(gm.named_buffers(remove_duplicate=False))
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in tensors:
+            value = _resolve(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                tensors[node.target] = value
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        value = tensors[name]
+        h.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        h.update(_tensor_bytes(value))
+    return h.hexdigest()
+
+
+def _resolve(root: torch.nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def inputs_digest(args: Iterable[Any]) -> str:
+    """The step's argument signature: what the geometry of a compiled plan is made of."""
+    return hashlib.sha256(json.dumps(_signature(list(args))).encode()).hexdigest()
+
+
+def _signature(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ["tensor", list(value.shape), list(value.stride()), str(value.dtype), str(value.device)]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [_signature(v) for v in value]]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return [type(value).__name__, value]
+    raise TypeError(f"plan cache: cannot key a step argument of type {type(value).__name__}")
+
+
+def recipe_source_digest(modules: Iterable[str] = _RECIPE_MODULES) -> str:
+    import importlib
+
+    h = hashlib.sha256()
+    for name in modules:
+        path = Path(importlib.import_module(name).__file__)
+        h.update(name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # an older or unusual build: name the machine instead
+        import platform
+
+        return platform.machine()
+
+
+def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str, fx_passes: tuple[str, ...],
+                key_weights: bool = True, recipe: Optional[str] = None) -> PlanContentKey:
+    """The key of the plan ``gm`` (traced, no passes applied yet) would compile to for ``args``."""
+    return PlanContentKey(
+        graph=graph_digest(gm),
+        weights=weights_digest(gm) if key_weights else "",
+        inputs=inputs_digest(args),
+        step_kind=step_kind,
+        backend=backend,
+        fx_passes=tuple(fx_passes),
+        recipe_source=recipe if recipe is not None else recipe_source_digest(),
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        cpu_capability=cpu_capability(),
+        fuelpipe_version=fuelpipe.__version__,
+    )

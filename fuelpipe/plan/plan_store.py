@@ -1,0 +1,215 @@
+"""Compiled plans on disk: one verified entry per content key, shared by every process that can read the folder.
+
+Layout under the configured directory::
+
+    v1/<digest>/meta.json     the key's fields, the payload's size and sha256, when it was made
+    v1/<digest>/plan.pt2      the payload (an AOTInductor package)
+    v1/.tmp/                  entries being written, and entries on their way out
+
+Rules:
+* **Atomic, no torn entries.** An entry is written whole into ``.tmp`` (payload, then
+  its checksum, then meta.json, each fsynced) and published with one ``rename`` of its
+  folder. Two writers of one key both build; the first rename wins and the second
+  writer discards its copy (each process keeps using the plan it built itself).
+* **Never trusted.** A lookup checks that meta.json parses, that its key fields equal
+  the requested ones, and that the payload's size and sha256 match; anything else is
+  reported (``corrupt`` / ``mismatch``), moved out, and the caller rebuilds.
+* **Bounded.** After each store, the least recently used entries (meta.json's mtime,
+  refreshed on every hit) are removed until the folder holds at most ``max_bytes``;
+  the entry just written always stays. Abandoned ``.tmp`` folders older than an hour go too.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from fuelpipe.errors import ConfigError
+
+LAYOUT = "v1"
+PAYLOAD = "plan.pt2"
+META = "meta.json"
+STALE_TMP_S = 3600.0
+_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class PlanCacheSpec:
+    """``backend.plan_cache``: where compiled plans persist (None: nowhere) and how much they may hold."""
+
+    dir: Optional[str] = None
+    max_gb: float = 8.0
+    # Negative control only (Fault.PLAN_CACHE_IGNORES_WEIGHTS): key entries without the weight digest.
+    key_weights: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_gb, (int, float)) or isinstance(self.max_gb, bool) or not self.max_gb > 0:
+            raise ConfigError(f"backend.plan_cache.max_gb must be a number > 0, got {self.max_gb!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_gb * 1e9)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The answer of one lookup: ``hit`` with the payload's path, or why not."""
+
+    status: str  # hit | miss | corrupt | mismatch
+    path: Optional[Path] = None
+    detail: str = ""
+    extra: Optional[dict] = None  # what the writer recorded beside the payload (a hit only)
+
+    @property
+    def hit(self) -> bool:
+        return self.status == "hit"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class PlanStore:
+    def __init__(self, root: str | os.PathLike, max_bytes: int) -> None:
+        self.root = Path(root).expanduser() / LAYOUT
+        self.tmp = self.root / ".tmp"
+        self.max_bytes = max_bytes
+        try:
+            self.tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"backend.plan_cache.dir {str(root)!r} cannot be used: {err}") from err
+
+    def entry(self, digest: str) -> Path:
+        return self.root / digest
+
+    # ---- reading --------------------------------------------------------------------------
+    def lookup(self, digest: str, fields: dict) -> Lookup:
+        folder = self.entry(digest)
+        meta_path = folder / META
+        if not folder.is_dir():
+            return Lookup("miss")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as err:
+            return self._reject(folder, "corrupt", f"unreadable {META}: {err}")
+        if meta.get("key") != fields:
+            diff = sorted(k for k in set(fields) | set(meta.get("key") or {})
+                          if (meta.get("key") or {}).get(k) != fields.get(k))
+            return self._reject(folder, "mismatch", f"stored key differs in {diff}")
+        payload = folder / PAYLOAD
+        try:
+            size = payload.stat().st_size
+        except OSError as err:
+            return self._reject(folder, "corrupt", f"payload missing: {err}")
+        if size != meta.get("bytes"):
+            return self._reject(folder, "corrupt", f"payload is {size} bytes, {META} says {meta.get('bytes')}")
+        if file_sha256(payload) != meta.get("sha256"):
+            return self._reject(folder, "corrupt", "payload sha256 differs from the one recorded")
+        try:
+            os.utime(meta_path)  # least recently used goes first
+        except OSError:
+            pass
+        return Lookup("hit", payload, extra=meta.get("extra") or {})
+
+    def _reject(self, folder: Path, status: str, detail: str) -> Lookup:
+        self._remove(folder)
+        return Lookup(status, None, detail)
+
+    # ---- writing --------------------------------------------------------------------------
+    def store(self, digest: str, fields: dict, write_payload: Callable[[Path], None],
+              extra: Optional[dict] = None) -> tuple[Path, bool]:
+        """Build an entry with ``write_payload(path)`` and publish it; (payload path, published by us).
+
+        ``extra``: JSON facts about the build kept in meta.json (for example which passes applied).
+
+        When another writer published the same key first, ours is discarded and theirs returned.
+        """
+        staging = self.tmp / f"{digest}-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        try:
+            payload = staging / PAYLOAD
+            write_payload(payload)
+            _fsync(payload)
+            meta = {"key": fields, "bytes": payload.stat().st_size, "sha256": file_sha256(payload),
+                    "created": time.time(), "pid": os.getpid(), "extra": extra or {}}
+            (staging / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+            _fsync(staging / META)
+            final = self.entry(digest)
+            try:
+                os.rename(staging, final)
+                published = True
+            except OSError:  # another writer published this key first: keep theirs
+                published = False
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        if published:
+            self.evict(keep=digest)
+        return final / PAYLOAD, published
+
+    # ---- bounding -------------------------------------------------------------------------
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(last use, bytes, folder) of every published entry."""
+        out = []
+        for folder in self.root.iterdir():
+            if folder.name.startswith(".") or not folder.is_dir():
+                continue
+            try:
+                used = (folder / META).stat().st_mtime
+                size = sum(p.stat().st_size for p in folder.iterdir())
+            except OSError:
+                continue
+            out.append((used, size, folder))
+        return sorted(out)
+
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self.entries())
+
+    def evict(self, keep: Optional[str] = None) -> list[str]:
+        removed = []
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        for _, size, folder in entries:
+            if total <= self.max_bytes:
+                break
+            if folder.name == keep:
+                continue
+            self._remove(folder)
+            total -= size
+            removed.append(folder.name)
+        now = time.time()
+        for folder in self.tmp.iterdir():
+            try:
+                if now - folder.stat().st_mtime > STALE_TMP_S:
+                    shutil.rmtree(folder, ignore_errors=True)
+            except OSError:
+                pass
+        return removed
+
+    def _remove(self, folder: Path) -> None:
+        """Move ``folder`` out of the lookup path first (one rename), then delete it."""
+        trash = self.tmp / f"trash-{uuid.uuid4().hex}"
+        try:
+            os.rename(folder, trash)
+        except OSError:
+            return  # already gone (another process removed or replaced it)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

@@ -1,0 +1,125 @@
+"""Persistent inductor plans end to end: across processes, through the CLI, under concurrent writers.
+
+Each compile of the tiny model's step is an AOTInductor build (~15-30 s on 2 cores); the
+oracle's own run and the two-writer race are ``slow`` (a CI step of their own).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.results import read_results
+
+ONLY_PLAN_VS_REPLAN = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n != "plan_vs_replan"]
+ONLY_PLAN_CACHE = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n != "plan_cache"]
+LEAN = ["experiment=smoke", "backend=inductor", "backend.threads=1", "experiment.bench.tokens=2"]
+
+# One build in a fresh process: the decode plan's cache event and its logits (tiny llama, seed 0).
+BUILD = """
+import json, sys, torch
+torch.set_num_threads(1)
+from models.registry import build_random_model
+from fuelpipe.context import InferenceContext
+from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.plan_store import PlanCacheSpec
+model = build_random_model("llama", "tiny", seed=0)
+ctx = InferenceContext(model, BackendSpec(name="inductor", plan_cache=PlanCacheSpec(dir=sys.argv[1])))
+cache = ctx.new_cache(48)
+ctx.prefill(cache, [1, 2, 3])
+rows = torch.cat([ctx.decode(cache, t) for t in (4, 5, 6)])
+ref = InferenceContext(model, "eager"); c = ref.new_cache(48); ref.prefill(c, [1, 2, 3])
+want = torch.cat([ref.decode(c, t) for t in (4, 5, 6)])
+torch.save(rows, sys.argv[2])
+print(json.dumps({**ctx.plan.session.program.cache_event.record(),
+                  "max_abs_vs_eager": float((rows - want).abs().max())}))
+"""
+
+
+def _build(cache_dir, logits_path, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BUILD, str(cache_dir), str(logits_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _answer(proc: subprocess.Popen, timeout: float = 300) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_stored_plan_with_bit_identical_logits(tmp_path):
+    import torch
+
+    first = _answer(_build(tmp_path / "cache", tmp_path / "a.pt"))
+    second = _answer(_build(tmp_path / "cache", tmp_path / "b.pt"))
+    assert first["status"] == "miss" and first["compile_s"] > 0 and first["published"] is True
+    assert second["status"] == "hit" and second["key"] == first["key"] and second["compile_s"] == 0
+    assert torch.equal(torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt"))
+    assert first["max_abs_vs_eager"] < 1e-5
+
+
+def test_the_cli_reports_compile_and_cache_hits_in_results_and_the_sweep_report(tmp_path):
+    cache = tmp_path / "plans"
+    docs = []
+    for run in ("first", "second"):
+        proc = run_cli(*LEAN, *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={cache}", f"hydra.run.dir={tmp_path / run}",
+                       cwd=tmp_path, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        docs.append(read_results(tmp_path / run / "results.json"))
+        assert "plan cache" in proc.stdout
+    first, second = (d["bench"]["plan_cache"] for d in docs)
+    assert first["misses"] >= 1 and first["compile_ms"] > 0
+    assert second["misses"] == 0 and second["hits"] == docs[1]["bench"]["plan_builds"] and second["compile_ms"] == 0
+    proc = run_cli("report", str(tmp_path / "second"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    header = (tmp_path / "report" / "report.csv").read_text().splitlines()[0].split(",")
+    row = (tmp_path / "report" / "report.csv").read_text().splitlines()[1]
+    assert "plan_compile_ms" in header and "plan_cache" in header
+    assert f"{second['hits']} hit / {second['hits']}" in row
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["plan.offset_mode=symbol"], "offset path is 'symbol'"),
+    (["backend.plan_cache.max_gb=0"], "max_gb must be > 0"),
+])
+def test_a_plan_cache_it_cannot_serve_exits_2_naming_why(tmp_path, overrides, says):
+    proc = run_cli(*LEAN, f"backend.plan_cache.dir={tmp_path / 'plans'}", *overrides, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert says in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inject", [False, True], ids=["gate", "negative_control"])
+def test_the_plan_cache_oracle_passes_and_catches_a_key_without_weights(tmp_path, inject):
+    proc = run_cli(*LEAN, *ONLY_PLAN_CACHE, "experiment.bench.enabled=false", f"backend.plan_cache.dir={tmp_path / 'p'}",
+                   f"experiment.oracles.plan_cache.inject_fault={str(inject).lower()}",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
+    doc = read_results(tmp_path / "run" / "results.json")
+    result = next(o for o in doc["oracles"] if o["name"] == "plan_cache")
+    if inject:
+        assert proc.returncode == 1 and not result["passed"]
+        assert "other weights: another entry" in result["detail"]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert result["passed"] and result["metric"]["checks"] == 9
+
+
+@pytest.mark.slow
+def test_two_processes_building_one_plan_at_once_leave_one_entry_and_both_are_right(tmp_path):
+    import torch
+
+    procs = [_build(tmp_path / "cache", tmp_path / f"{i}.pt") for i in range(2)]
+    answers = [_answer(p, timeout=600) for p in procs]
+    assert answers[0]["key"] == answers[1]["key"]
+    assert sorted(a["published"] for a in answers if a["status"] != "hit") in ([False, True], [True])
+    assert all(a["max_abs_vs_eager"] < 1e-5 for a in answers)
+    assert torch.equal(torch.load(tmp_path / "0.pt"), torch.load(tmp_path / "1.pt"))
+    entries = [p.name for p in (tmp_path / "cache" / "v1").iterdir() if not p.name.startswith(".")]
+    assert entries == [answers[0]["key"]]
+    assert list((tmp_path / "cache" / "v1" / ".tmp").iterdir()) == []
+    third = _answer(_build(tmp_path / "cache", tmp_path / "2.pt"))
+    assert third["status"] == "hit"

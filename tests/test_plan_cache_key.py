@@ -1,0 +1,84 @@
+"""The persistent plan's content key: the same for the same plan in any process, different for any change that matters.
+
+No compilation: keys are computed on traced tiny-model steps.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import torch
+import torch.fx as fx
+
+from fuelpipe.context import InferenceContext
+from fuelpipe.plan.plan_cache_key import content_key
+from fuelpipe.step import step_args, step_module_for
+from models.registry import build_random_model
+
+
+def _key(model, capacity: int = 32, key_weights: bool = True, passes=("fuse_sibling_linears",)):
+    """The content key of ``model``'s tensor-path decode step at ``capacity``."""
+    ctx = InferenceContext(model, "eager")
+    cache = ctx.new_cache(capacity)
+    ctx.prefill(cache, [1, 2, 3])
+    host = ctx._host(cache, torch.tensor([[4]]))
+    from fuelpipe.plan.token_data import StepBuffers
+
+    buffers = StepBuffers(host, cache.dtype, torch.device("cpu"))
+    buffers.load(host)
+    step = step_module_for(model, "tensor")
+    args = step_args("tensor", buffers, host, cache.bound_tensors())
+    return content_key(fx.symbolic_trace(step), args, step_kind="tensor", backend="inductor",
+                       fx_passes=passes, key_weights=key_weights)
+
+
+def test_same_weights_in_another_instance_give_the_same_key():
+    a = build_random_model("llama", "tiny", seed=0)
+    b = copy.deepcopy(a)  # new objects, ids, storages: nothing process-local may enter the key
+    assert _key(a).digest() == _key(b).digest()
+
+
+def test_the_key_is_the_same_in_another_process():
+    code = ("from tests.test_plan_cache_key import _key; from models.registry import build_random_model; "
+            "print(_key(build_random_model('llama', 'tiny', seed=0)).digest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == _key(build_random_model("llama", "tiny", seed=0)).digest()
+
+
+def test_one_changed_weight_element_changes_the_key_and_only_its_weights_field():
+    a = build_random_model("llama", "tiny", seed=0)
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        next(iter(b.parameters())).view(-1)[7] += 1e-3
+    ka, kb = _key(a), _key(b)
+    assert ka.digest() != kb.digest()
+    assert [f for f in ka.fields() if ka.fields()[f] != kb.fields()[f]] == ["weights"]
+
+
+def test_without_the_weight_digest_other_weights_collide():
+    """What the negative control (Fault.PLAN_CACHE_IGNORES_WEIGHTS) does: the key cannot tell them apart."""
+    a, b = build_random_model("llama", "tiny", seed=0), build_random_model("llama", "tiny", seed=1)
+    assert _key(a).digest() != _key(b).digest()
+    assert _key(a, key_weights=False).digest() == _key(b, key_weights=False).digest()
+
+
+def test_geometry_structure_and_recipe_each_change_the_key():
+    base = build_random_model("llama", "tiny", seed=0)
+    k = _key(base)
+    assert _key(base, capacity=48).inputs != k.inputs  # KV capacity: the plan's geometry
+    eps = build_random_model("llama", "tiny", seed=0, rms_norm_eps=1e-3)  # same tensors, other constant
+    assert _key(eps).weights == k.weights and _key(eps).graph != k.graph
+    deeper = build_random_model("llama", "tiny", seed=0, num_hidden_layers=3)
+    assert _key(deeper).graph != k.graph
+    assert _key(base, passes=()).digest() != k.digest()
+
+
+def test_the_key_names_no_process_local_identity():
+    fields = _key(build_random_model("llama", "tiny", seed=0)).fields()
+    text = json.dumps(fields)
+    assert set(fields) == {"graph", "weights", "inputs", "step_kind", "backend", "fx_passes", "recipe_source",
+                           "threads", "torch_version", "cpu_capability", "fuelpipe_version", "format"}
+    assert "0x" not in text and "id(" not in text

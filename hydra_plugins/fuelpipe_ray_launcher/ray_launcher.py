@@ -1,0 +1,128 @@
+"""A Hydra launcher that runs each job of a sweep as a Ray task.
+
+``hydra/launcher=ray_cluster`` selects it (conf/hydra/launcher/ray_cluster.yaml).
+fuelpipe ships its own instead of using ``hydra-ray-launcher`` because that
+package pins ``cloudpickle<3``, which conflicts with the joblib launcher's
+joblib>=1.6, and it pulls in boto3 for its AWS autoscaler mode. What a sweep
+needs is small: ``ray.init``, one ``ray.remote`` task per job, ``run_job``.
+
+``address: null`` starts a local Ray instance (``ray.init(address="local")``,
+never an already running one) and shuts it down when the sweep ends;
+``"auto"`` or ``host:port`` joins a running cluster and leaves it running.
+Every job runs in the working directory of the command that started the sweep
+when that directory exists on the worker (a joined cluster's workers start
+where ``ray start`` ran), so relative paths on the command line mean the same
+in every job. On a multi-node cluster fuelpipe must be installed on every
+node, and the sweep directory must be on a filesystem the nodes share.
+
+Ray is imported only when a sweep launches: Hydra imports every plugin module
+when it scans for plugins, and most runs never use this one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+LOG_GRACE_S = 1.0
+
+
+class FuelpipeRayLauncher(Launcher):
+    def __init__(
+        self, address: Optional[str] = None, num_cpus: float = 1, num_gpus: float = 0, init: Any = None
+    ) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.init = OmegaConf.to_container(init, resolve=True) if OmegaConf.is_config(init) else dict(init or {})
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import ray
+
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+
+        local = self.address is None
+        ray.init(address="local" if local else self.address, **self.init)
+        try:
+            where = ray.get_runtime_context().gcs_address
+            log.info(f"Ray: {'started a local instance' if local else 'joined the cluster'} at {where}")
+            log.info(f"Ray is launching {len(job_overrides)} jobs (num_cpus={self.num_cpus}, "
+                     f"num_gpus={self.num_gpus} each), sweep output dir : {sweep_dir}")
+            for idx, overrides in enumerate(job_overrides):
+                log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
+
+            remote = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(_execute_job)
+            # Put once what every job shares, rather than once per job.
+            shared = [ray.put(x) for x in (self.hydra_context, self.config, self.task_function, Singleton.get_state())]
+            refs = [
+                remote.remote(initial_job_idx + idx, list(overrides), os.getcwd(), *shared)
+                for idx, overrides in enumerate(job_overrides)
+            ]
+            runs = ray.get(refs)  # in job order
+            # Ray forwards the workers' output to this terminal asynchronously (its log monitor
+            # polls the workers' log files): a moment before disconnecting, or the last lines are lost.
+            time.sleep(LOG_GRACE_S)
+        finally:
+            ray.shutdown()  # stops a local instance; from a joined cluster it only disconnects
+            if local:
+                log.info("Ray: local instance shut down")
+        assert all(isinstance(run, JobReturn) for run in runs)
+        return runs
+
+
+def _execute_job(
+    idx: int,
+    overrides: list[str],
+    driver_cwd: str,
+    hydra_context: HydraContext,
+    config: DictConfig,
+    task_function: TaskFunction,
+    singleton_state: dict,
+) -> JobReturn:
+    """One job in a Ray worker: Hydra's globals and singletons as the driver had them, then ``run_job``."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    worker_cwd = os.getcwd()
+    if os.path.isdir(driver_cwd):
+        os.chdir(driver_cwd)  # a joined cluster's workers start where `ray start` ran
+    try:
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        return run_job(
+            hydra_context=hydra_context,
+            config=sweep_config,
+            task_function=task_function,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.chdir(worker_cwd)  # Ray reuses the worker process for later tasks

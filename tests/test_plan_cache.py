@@ -72,7 +72,9 @@ def test_the_cli_reports_compile_and_cache_hits_in_results_and_the_sweep_report(
         docs.append(read_results(tmp_path / run / "results.json"))
         assert "plan cache" in proc.stdout
     first, second = (d["bench"]["plan_cache"] for d in docs)
-    assert first["misses"] >= 1 and first["compile_ms"] > 0
+    # The first run's oracle compiled the plan before its benchmark, which may already hit it.
+    assert first["hits"] + first["misses"] == docs[0]["bench"]["plan_builds"] >= 1
+    assert (first["compile_ms"] > 0) == (first["misses"] > 0)
     assert second["misses"] == 0 and second["hits"] == docs[1]["bench"]["plan_builds"] and second["compile_ms"] == 0
     proc = run_cli("report", str(tmp_path / "second"), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -123,3 +125,18 @@ def test_two_processes_building_one_plan_at_once_leave_one_entry_and_both_are_ri
     assert list((tmp_path / "cache" / "v1" / ".tmp").iterdir()) == []
     third = _answer(_build(tmp_path / "cache", tmp_path / "2.pt"))
     assert third["status"] == "hit"
+
+
+def test_a_symbol_path_variant_is_built_uncached_and_says_so(tmp_path):
+    """The config refuses a plan cache on the symbol path; a variant an oracle builds there compiles uncached."""
+    from fuelpipe.plan.backends import BackendSpec, build_program
+    from fuelpipe.plan.plan_store import PlanCacheSpec
+    from fuelpipe.step import step_module_for
+    from models.registry import build_random_model
+
+    spec = BackendSpec(name="inductor", plan_cache=PlanCacheSpec(dir=str(tmp_path)))
+    model = build_random_model("llama", "tiny", seed=0)
+    symbol = build_program(spec, step_module_for(model, "symbol"), "symbol")
+    assert symbol.cache_event.status == "uncacheable" and symbol.counter is not None  # torch.compile's program
+    tensor = build_program(spec, step_module_for(model, "tensor"), "tensor")
+    assert tensor.cache_event.status == "" and tensor.counter is None  # keyed, loaded or compiled on first call

@@ -3,6 +3,7 @@
 Ray: a sweep joins a Ray head this test starts (``address=auto``), and another starts and stops its
 own local instance. submitit: hydra-submitit-launcher's local executor, the code path SLURM uses.
 Without ray or submitit installed these tests skip, except under CI=true (CI installs the test extra).
+Each starts Ray or submitit processes (~20-40 s on 2 cores): ``slow``, a CI step of their own.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import pytest
 from conftest import ROOT, run_cli
 from fuelpipe.results import schema_problems
 from test_cli_sweep import LEAN
+
+pytestmark = pytest.mark.slow
 
 INVALID = "kv=latent needs an MLA model family; model.family=llama is not MLA"
 

@@ -1,7 +1,7 @@
 """Persistent inductor plans end to end: across processes, through the CLI, under concurrent writers.
 
-Each compile of the tiny model's step is an AOTInductor build (~15-30 s on 2 cores); the
-oracle's own run and the two-writer race are ``slow`` (a CI step of their own).
+Each compile of the tiny model's step is an AOTInductor build (~15-30 s on 2 cores), so every test
+that compiles is ``slow`` (a CI step of its own); the default run keeps the ones that do not.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def _answer(proc: subprocess.Popen, timeout: float = 300) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_the_stored_plan_with_bit_identical_logits(tmp_path):
     import torch
 
@@ -62,6 +63,7 @@ def test_a_second_process_loads_the_stored_plan_with_bit_identical_logits(tmp_pa
     assert first["max_abs_vs_eager"] < 1e-5
 
 
+@pytest.mark.slow
 def test_the_cli_reports_compile_and_cache_hits_in_results_and_the_sweep_report(tmp_path):
     cache = tmp_path / "plans"
     docs = []

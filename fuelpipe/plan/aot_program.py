@@ -107,7 +107,7 @@ class CachedAotStep:
                 return run
             except Exception as err:  # a package this torch cannot load is a rebuild, never a crash
                 ev.status, ev.detail = "corrupt", f"load failed: {type(err).__name__}: {err}"
-                store._remove(found.path.parent)
+                store.discard(found.path.parent)
         t2 = time.perf_counter()
         gm, applied = self.trace(self.step, self.passes)
         self.passes_applied.update(applied)

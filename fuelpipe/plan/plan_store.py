@@ -10,7 +10,7 @@ Rules:
 * **Atomic, no torn entries.** An entry is written whole into ``.tmp`` (payload, then
   its checksum, then meta.json, each fsynced) and published with one ``rename`` of its
   folder. Two writers of one key both build; the first rename wins and the second
-  writer discards its copy (each process keeps using the plan it built itself).
+  writer discards its copy and serves the published entry (the same key: the same plan).
 * **Never trusted.** A lookup checks that meta.json parses, that its key fields equal
   the requested ones, and that the payload's size and sha256 match; anything else is
   reported (``corrupt`` / ``mismatch``), moved out, and the caller rebuilds.
@@ -126,7 +126,7 @@ class PlanStore:
         return Lookup("hit", payload, extra=meta.get("extra") or {})
 
     def _reject(self, folder: Path, status: str, detail: str) -> Lookup:
-        self._remove(folder)
+        self.discard(folder)
         return Lookup(status, None, detail)
 
     # ---- writing --------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class PlanStore:
                 break
             if folder.name == keep:
                 continue
-            self._remove(folder)
+            self.discard(folder)
             total -= size
             removed.append(folder.name)
         now = time.time()
@@ -200,7 +200,7 @@ class PlanStore:
                 pass
         return removed
 
-    def _remove(self, folder: Path) -> None:
+    def discard(self, folder: Path) -> None:
         """Move ``folder`` out of the lookup path first (one rename), then delete it."""
         trash = self.tmp / f"trash-{uuid.uuid4().hex}"
         try:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+from fuelpipe.bench.peers.experiment import cpu_name  # noqa: E402
+
 
 def build(cache_dir: str, capacity: int, scale_weight: bool, policy: str, logits_out: str) -> dict:
     import torch
@@ -92,25 +94,13 @@ def main() -> None:
         "entries_after": len(entries),
         "entry_dirs_for_writer_key": sum(p.name == runs["writer_a"]["key"] for p in entries),
         "torch": torch.__version__,
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "load_avg": os.getloadavg(),
         "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                                  cwd=HERE).stdout.strip(),
     }
     Path(args.out).write_text(json.dumps(record, indent=1))
     print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
 
 
 if __name__ == "__main__":

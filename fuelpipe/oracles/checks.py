@@ -15,6 +15,16 @@ from fuelpipe.oracles.base import OracleResult, compare
 
 
 @dataclass
+class Check:
+    """One named check of a scenario oracle: passed or not, what was seen, and the logit error it measured."""
+
+    name: str
+    ok: bool
+    seen: str
+    error: float = 0.0
+
+
+@dataclass
 class Checks:
     """Named checks in the order they ran; ``worst`` is the largest logit error seen."""
 

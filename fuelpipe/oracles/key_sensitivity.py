@@ -25,24 +25,16 @@ structure and weight identity), so a held plan serves changed or other weights.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare
+from fuelpipe.oracles.checks import Check
 from fuelpipe.oracles.weight_mutations import MUTATIONS, scaled_state
 from fuelpipe.plan.validity import PlanValidity
 from fuelpipe.sampling import greedy
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    seen: str
-    error: float = 0.0
 
 
 def _solo(inp: OracleInput, model, decode_tokens: list[int]) -> list[torch.Tensor]:

@@ -28,18 +28,11 @@ import torch
 
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, skipped
+from fuelpipe.oracles.checks import Check
 from fuelpipe.plan.plan_store import PAYLOAD, PlanStore
 from fuelpipe.sampling import greedy
 
 NAME = "plan_cache"
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    seen: str
-    error: float = 0.0
 
 
 @dataclass

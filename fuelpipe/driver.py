@@ -63,6 +63,8 @@ class PlanStats:
     cache_misses: int = 0  # compiled (a miss, or a corrupt / mismatched entry rebuilt)
     compile_s: float = 0.0
     cache_load_s: float = 0.0
+    cache_statuses: dict[str, int] = field(default_factory=dict)  # hit / miss / corrupt / mismatch -> builds
+    cache_detail: str = ""  # the last corrupt or mismatched entry: what was wrong with it
     last_validity: Optional[PlanValidity] = None  # the verdict on the held plan at the last step that had one
 
 
@@ -152,6 +154,9 @@ class HeldPlan:
             self.stats.cache_misses += not event.hit
             self.stats.compile_s += event.compile_s
             self.stats.cache_load_s += event.load_s
+            self.stats.cache_statuses[event.status] = self.stats.cache_statuses.get(event.status, 0) + 1
+            if event.detail:
+                self.stats.cache_detail = f"{event.status}: {event.detail} (entry {event.key})"
         self.session = session
         return logits
 

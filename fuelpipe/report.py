@@ -89,7 +89,10 @@ def _cache_cell(pc: Optional[dict]) -> str:
     """``hits/builds`` of a persistent plan cache ("" when none was in use)."""
     if not pc:
         return ""
-    return f"{pc['hits']} hit / {pc['hits'] + pc['misses']}"
+    if pc.get("unused"):
+        return "unused"
+    rebuilt = "".join(f" ({v} {k})" for k, v in (pc.get("statuses") or {}).items() if k in ("corrupt", "mismatch"))
+    return f"{pc['hits']} hit / {pc['hits'] + pc['misses']}{rebuilt}"
 
 
 def _labels(docs: list[dict[str, Any]]) -> list[str]:

@@ -110,6 +110,8 @@ def test_the_plan_cache_oracle_passes_and_catches_a_key_without_weights(tmp_path
     else:
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert result["passed"] and result["metric"]["checks"] == 9
+    # The oracle works in a private folder: the configured one is left as it was (nothing written).
+    assert not (tmp_path / "p" / "v1").exists() or not any((tmp_path / "p" / "v1").iterdir())
 
 
 @pytest.mark.slow
@@ -142,3 +144,26 @@ def test_a_symbol_path_variant_is_built_uncached_and_says_so(tmp_path):
     assert symbol.cache_event.status == "uncacheable" and symbol.counter is not None  # torch.compile's program
     tensor = build_program(spec, step_module_for(model, "tensor"), "tensor")
     assert tensor.cache_event.status == "" and tensor.counter is None  # keyed, loaded or compiled on first call
+
+
+@pytest.mark.parametrize("value, says", [
+    ("''", "empty string"),
+    ("{file}/sub", "is a file, not a folder"),
+])
+def test_an_unusable_cache_folder_exits_2_before_anything_runs(tmp_path, value, says):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_cli(*LEAN, f"backend.plan_cache.dir={value.format(file=blocker)}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert says in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_plan_cache_on_a_backend_that_compiles_nothing_is_said_to_be_unused(tmp_path):
+    proc = run_cli("experiment=smoke", "backend=fx", "backend.threads=1", "experiment.bench.tokens=2",
+                   *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={tmp_path / 'p'}", f"hydra.run.dir={tmp_path / 'r'}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pc = read_results(tmp_path / "r" / "results.json")["bench"]["plan_cache"]
+    assert "backend=fx compiles nothing" in pc["unused"]
+    assert "plan cache       not used" in proc.stdout
+    assert "backend.plan_cache is set but" in proc.stdout + proc.stderr  # the run's warning

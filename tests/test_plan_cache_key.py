@@ -80,5 +80,38 @@ def test_the_key_names_no_process_local_identity():
     fields = _key(build_random_model("llama", "tiny", seed=0)).fields()
     text = json.dumps(fields)
     assert set(fields) == {"graph", "weights", "inputs", "step_kind", "backend", "fx_passes", "recipe_source",
-                           "threads", "torch_version", "cpu_capability", "fuelpipe_version", "format"}
+                           "threads", "torch_version", "cpu_capability", "machine", "fuelpipe_version", "format"}
     assert "0x" not in text and "id(" not in text
+
+
+def test_the_machine_the_code_is_compiled_for_is_in_the_key(monkeypatch):
+    """inductor compiles with -march=native: another CPU model or flag set must never share an entry."""
+    import fuelpipe.plan.plan_cache_key as key_mod
+    from torch._inductor import config as inductor_config
+
+    model = build_random_model("llama", "tiny", seed=0)
+    here = _key(model)
+    key_mod.machine_digest.cache_clear()
+    monkeypatch.setattr(inductor_config.cpp, "march", "x86-64-v2")
+    try:
+        other = _key(model)
+    finally:
+        key_mod.machine_digest.cache_clear()
+    assert other.machine != here.machine and other.digest() != here.digest()
+
+
+def test_an_installed_pass_is_keyed_by_its_source_file(tmp_path):
+    from fuelpipe.plan.fx_passes import FX_PASSES, FxPass
+    import importlib.util
+
+    src = tmp_path / "my_pass_mod.py"
+    src.write_text("def run(gm):\n    return 0\n")
+    spec = importlib.util.spec_from_file_location("my_pass_mod", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with FX_PASSES.swapped(FxPass("my_noop_pass", mod.run)):
+        from fuelpipe.plan.plan_cache_key import recipe_source_digest
+
+        before = recipe_source_digest(("my_noop_pass",))
+        src.write_text("def run(gm):\n    return 1  # edited\n")
+        assert recipe_source_digest(("my_noop_pass",)) != before

@@ -117,7 +117,7 @@ def test_a_single_entry_over_the_bound_is_kept(tmp_path):
 def test_abandoned_staging_folders_are_cleared(tmp_path):
     store = PlanStore(tmp_path, 10**9)
     stale = store.tmp / "k-dead"
-    stale.mkdir()
+    stale.mkdir(parents=True)
     (stale / PAYLOAD).write_bytes(b"half")
     old = time.time() - STALE_TMP_S - 10
     os.utime(stale, (old, old))

@@ -49,15 +49,24 @@ class Arm:
             "plan_cache_misses": stats.cache_misses,
             "plan_compile_ms": 1000.0 * stats.compile_s,
             "plan_cache_load_ms": 1000.0 * stats.cache_load_s,
+            "plan_cache_statuses": dict(stats.cache_statuses),
+            "plan_cache_detail": stats.cache_detail,
         }
+
+
+def unused_plan_cache(backend: str) -> str:
+    return f"backend={backend} compiles nothing to store; only backend=inductor uses backend.plan_cache"
 
 
 def _plan_cache_record(setup: Setup, summary: dict) -> Optional[dict]:
     """Where the measured mode's build time went with a persistent plan cache (None: no cache in use)."""
     pc = setup.backend.plan_cache
-    if not pc.enabled or setup.backend.name != "inductor":
+    if not pc.enabled:
         return None
+    if setup.backend.name != "inductor":
+        return {"dir": pc.dir, "unused": unused_plan_cache(setup.backend.name)}
     return {"dir": pc.dir, "hits": summary["plan_cache_hits"], "misses": summary["plan_cache_misses"],
+            "statuses": summary["plan_cache_statuses"], "detail": summary["plan_cache_detail"],
             "compile_ms": summary["plan_compile_ms"], "load_ms": summary["plan_cache_load_ms"]}
 
 

@@ -194,10 +194,18 @@ def _plan_cache(cfg: DictConfig) -> list[str]:
     reasons = []
     if not pc.max_gb > 0:
         reasons.append(f"backend.plan_cache.max_gb must be > 0, got {pc.max_gb}")
-    if pc.dir is None or cfg.backend.name != "inductor":
-        return reasons  # off, or a backend that compiles nothing to keep (results.json says so)
-    if Path(pc.dir).expanduser().is_file():
-        reasons.append(f"backend.plan_cache.dir={pc.dir!r} is a file, not a folder")
+    if pc.dir is not None and not str(pc.dir).strip():
+        reasons.append("backend.plan_cache.dir is an empty string; use null to switch the plan cache off, or a folder")
+    if pc.dir is None or not str(pc.dir).strip() or cfg.backend.name != "inductor":
+        return reasons  # off, or a backend that compiles nothing to keep (the run warns and says so)
+    import os
+
+    path = Path(pc.dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is a file, not a folder")
+    elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is not writable")
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
     if offset is None and cfg.model.family in families():
         offset = getattr(families()[cfg.model.family].model_cls, "offset_mode", None)

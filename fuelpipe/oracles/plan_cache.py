@@ -1,8 +1,11 @@
 """Does the persistent plan cache serve a stored plan only to the plan it was built for?
 
 Runs where a plan cache is configured (``backend=inductor backend.plan_cache.dir=...``),
-in that folder, with fresh contexts (nothing held in memory carries over, as in a new
-process). Both halves:
+in a private folder of its own (removed afterwards: the oracle corrupts an entry, and a
+shared folder's published entries never change under its other readers; nor can a small
+``max_gb`` or another worker evict what it checks), with fresh contexts (nothing held in
+memory carries over, as in a new process). Every plan is compiled there at least once, so
+the oracle costs a few AOT builds. Both halves:
 
 Must reuse (a cache that never hits throws the saving away):
 * building the same plan twice: the second build is a ``hit`` of the first one's entry,
@@ -22,6 +25,9 @@ weights are baked in, and its logits are the first model's.
 """
 from __future__ import annotations
 
+import dataclasses
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +83,17 @@ def run(inp: OracleInput) -> OracleResult:
     pc = inp.setup.backend.plan_cache
     if inp.setup.backend.name != "inductor" or not pc.enabled:
         return skipped(NAME, "no persistent plan cache in use (backend=inductor backend.plan_cache.dir=<folder>)")
+    private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
+    try:
+        own = dataclasses.replace(pc, dir=private, max_gb=1e6)
+        setup = inp.setup.with_changes(backend=dataclasses.replace(inp.setup.backend, plan_cache=own))
+        return _run(dataclasses.replace(inp, setup=setup))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _run(inp: OracleInput) -> OracleResult:
+    pc = inp.setup.backend.plan_cache
     n = inp.max_seq_len
     ref_ctx = inp.setup.with_backend("eager").context(inp.model, plan=PlanMode.PLAN_ONCE)
     first_token = greedy(ref_ctx.prefill(inp.setup.kv.new_cache(ref_ctx, n), list(inp.prompts[0])))
@@ -119,7 +136,7 @@ def run(inp: OracleInput) -> OracleResult:
         ]
     else:
         checks.append(Check("corrupted entry: rebuilt, not loaded", False,
-                            f"the first build's entry {first.key} is not in {pc.dir} (evicted? max_gb={pc.max_gb})"))
+                            f"the first build's entry {first.key} is not in the oracle's own folder {pc.dir}"))
 
     failed = [f"{c.name} ({c.seen})" for c in checks if not c.ok]
     return OracleResult(

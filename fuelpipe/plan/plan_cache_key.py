@@ -12,16 +12,22 @@ and must never be written to disk. A plan stored on disk is found by content ins
 * ``inputs``: shape, dtype, stride and device of every step argument (the geometry:
   KV capacity, block table width, batch rows);
 * the build recipe: backend, fx passes (and the source of the modules that implement
-  them), the intra-op thread count the split pass divides by, the torch version and
-  the CPU capability the kernels were generated for.
+  them, an installed package's passes included), the intra-op thread count the split pass
+  divides by, the torch version, and the machine the code was generated for: inductor
+  compiles for the host (``-march=native``), so the CPU model, its feature flags, the
+  ``-march`` setting and the C++ compiler with its version are in the key, and a folder
+  shared by a cluster never hands one CPU's library to another.
 
 ``PlanContentKey.digest()`` names the entry; ``fields()`` is stored beside it and must
 match exactly on load (a digest collision or a tampered entry is a rebuild, not a hit).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -50,6 +56,7 @@ class PlanContentKey:
     threads: int
     torch_version: str
     cpu_capability: str
+    machine: str  # digest of CPU model, CPU flags, -march and compiler (machine_digest)
     fuelpipe_version: str
     format: str = FORMAT
 
@@ -115,22 +122,51 @@ def _signature(value: Any) -> Any:
     raise TypeError(f"plan cache: cannot key a step argument of type {type(value).__name__}")
 
 
-def recipe_source_digest(modules: Iterable[str] = _RECIPE_MODULES) -> str:
+def recipe_source_digest(fx_passes: Iterable[str] = (), modules: Iterable[str] = _RECIPE_MODULES) -> str:
+    """The source of fuelpipe's plan-building modules and of the file defining each pass in ``fx_passes``."""
     import importlib
 
+    from fuelpipe.plan.fx_passes import FX_PASSES
+
+    files = {Path(importlib.import_module(name).__file__) for name in modules}
+    for name in fx_passes:
+        source = inspect.getsourcefile(FX_PASSES.get(name).run)
+        if source:
+            files.add(Path(source))
     h = hashlib.sha256()
-    for name in modules:
-        path = Path(importlib.import_module(name).__file__)
-        h.update(name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(files):
+        h.update(str(path.name).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+@functools.cache
+def machine_digest() -> str:
+    """What the generated code was compiled for: CPU model and flags, ``-march``, the C++ compiler and its version."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+    model, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    try:
+        compiler = get_cpp_compiler()
+        compiler_version = get_compiler_version_info(compiler)
+    except Exception as err:  # no compiler: inductor cannot build either; the key still says so
+        compiler, compiler_version = f"unavailable ({type(err).__name__})", ""
+    parts = [platform.machine(), model, flags, str(inductor_config.cpp.march), compiler, compiler_version]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def cpu_capability() -> str:
     try:
         return str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # an older or unusual build: name the machine instead
-        import platform
-
         return platform.machine()
 
 
@@ -144,9 +180,10 @@ def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str
         step_kind=step_kind,
         backend=backend,
         fx_passes=tuple(fx_passes),
-        recipe_source=recipe if recipe is not None else recipe_source_digest(),
+        recipe_source=recipe if recipe is not None else recipe_source_digest(fx_passes),
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
         cpu_capability=cpu_capability(),
+        machine=machine_digest(),
         fuelpipe_version=fuelpipe.__version__,
     )

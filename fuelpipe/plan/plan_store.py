@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import ConfigError, PlanError
 
 LAYOUT = "v1"
 PAYLOAD = "plan.pt2"
@@ -88,10 +88,11 @@ class PlanStore:
         self.root = Path(root).expanduser() / LAYOUT
         self.tmp = self.root / ".tmp"
         self.max_bytes = max_bytes
-        try:
-            self.tmp.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ConfigError(f"backend.plan_cache.dir {str(root)!r} cannot be used: {err}") from err
+        self._given = str(root)
+        given = Path(root).expanduser()
+        for parent in (self.root, given, *given.parents):
+            if parent.exists() and not parent.is_dir():
+                raise ConfigError(f"backend.plan_cache.dir {self._given!r} cannot be used: {parent} is a file")
 
     def entry(self, digest: str) -> Path:
         return self.root / digest
@@ -139,7 +140,10 @@ class PlanStore:
         When another writer published the same key first, ours is discarded and theirs returned.
         """
         staging = self.tmp / f"{digest}-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
+        try:
+            staging.mkdir(parents=True)
+        except OSError as err:  # a read-only or full folder: said so, typed (lookups still serve hits)
+            raise PlanError(f"backend.plan_cache.dir {self._given!r}: cannot write a new entry: {err}") from err
         try:
             payload = staging / PAYLOAD
             write_payload(payload)
@@ -165,6 +169,8 @@ class PlanStore:
     def entries(self) -> list[tuple[float, int, Path]]:
         """(last use, bytes, folder) of every published entry."""
         out = []
+        if not self.root.is_dir():
+            return out
         for folder in self.root.iterdir():
             if folder.name.startswith(".") or not folder.is_dir():
                 continue
@@ -192,7 +198,7 @@ class PlanStore:
             total -= size
             removed.append(folder.name)
         now = time.time()
-        for folder in self.tmp.iterdir():
+        for folder in (self.tmp.iterdir() if self.tmp.is_dir() else ()):
             try:
                 if now - folder.stat().st_mtime > STALE_TMP_S:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -204,9 +210,10 @@ class PlanStore:
         """Move ``folder`` out of the lookup path first (one rename), then delete it."""
         trash = self.tmp / f"trash-{uuid.uuid4().hex}"
         try:
+            self.tmp.mkdir(parents=True, exist_ok=True)
             os.rename(folder, trash)
         except OSError:
-            return  # already gone (another process removed or replaced it)
+            return  # already gone (another process removed or replaced it), or a folder we may not change
         shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -76,6 +76,10 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     exp = cfg.experiment
     if asm.model_record.get("family_mismatch"):
         log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
+    if cfg.backend.plan_cache.dir is not None and cfg.backend.name != "inductor":
+        from fuelpipe.bench.decode import unused_plan_cache
+
+        log.warning("fuelpipe: backend.plan_cache is set but %s", unused_plan_cache(cfg.backend.name))
     generation = run_generation(cfg, asm, request)  # first, so a user sees real text before the checks run
     names = enabled_oracles(exp)
     sections = {stage.results_key: stage.run(exp[stage.name], cfg, asm, _output_dirs()) for stage in enabled_stages(exp)}

@@ -70,9 +70,15 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"  prefill ms       {bench['prefill_ms']:.3f} ({bench['prompt_tokens']} prompt tokens)")
         lines.append(f"  plan build ms    {bench['plan_build_ms']:.3f} per build, {bench['plan_builds']} builds")
         pc = bench.get("plan_cache")
-        if pc:
-            lines.append(f"  plan cache       {pc['hits']} hit(s), {pc['misses']} compiled: compile {pc['compile_ms']:.0f} ms, "
-                         f"load {pc['load_ms']:.0f} ms ({pc['dir']})")
+        if pc and pc.get("unused"):
+            lines.append(f"  plan cache       not used: {pc['unused']}")
+        elif pc:
+            rebuilt = {k: v for k, v in pc.get("statuses", {}).items() if k in ("corrupt", "mismatch")}
+            lines.append(f"  plan cache       {pc['hits']} hit(s), {pc['misses']} compiled"
+                         + "".join(f" ({v} {k} entry rebuilt)" for k, v in rebuilt.items())
+                         + f": compile {pc['compile_ms']:.0f} ms, load {pc['load_ms']:.0f} ms ({pc['dir']})")
+            if pc.get("detail"):
+                lines.append(f"                   {pc['detail']}")
         if bench["replan_over_plan_once"] is not None:
             lines.append(f"  plan_once ms/token {bench['plan_once_ms_per_token']:.3f}")
             lines.append(f"  replan ms/token    {bench['replan_ms_per_token']:.3f}")

@@ -59,13 +59,20 @@ class PlanStats:
     refusals: list[str] = field(default_factory=list)
     build_s: float = 0.0
     # Persistent plan cache (backend.plan_cache): builds served from disk, and where build time went.
-    cache_hits: int = 0
-    cache_misses: int = 0  # compiled (a miss, or a corrupt / mismatched entry rebuilt)
     compile_s: float = 0.0
     cache_load_s: float = 0.0
     cache_statuses: dict[str, int] = field(default_factory=dict)  # hit / miss / corrupt / mismatch -> builds
     cache_detail: str = ""  # the last corrupt or mismatched entry: what was wrong with it
     last_validity: Optional[PlanValidity] = None  # the verdict on the held plan at the last step that had one
+
+    @property
+    def cache_hits(self) -> int:
+        return self.cache_statuses.get("hit", 0)
+
+    @property
+    def cache_misses(self) -> int:
+        """Builds that compiled: a miss, or a corrupt / mismatched entry rebuilt."""
+        return sum(self.cache_statuses.values()) - self.cache_hits
 
 
 def step_kind_for(cache, offset_mode: str) -> str:
@@ -150,8 +157,6 @@ class HeldPlan:
         self.stats.build_s += time.perf_counter() - t0
         event = session.program.cache_event
         if event is not None and event.status != "uncacheable":
-            self.stats.cache_hits += event.hit
-            self.stats.cache_misses += not event.hit
             self.stats.compile_s += event.compile_s
             self.stats.cache_load_s += event.load_s
             self.stats.cache_statuses[event.status] = self.stats.cache_statuses.get(event.status, 0) + 1

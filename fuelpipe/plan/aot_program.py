@@ -12,8 +12,9 @@ geometry), so the first call keys, loads or compiles, and runs.
 Per-token data stays data: the package takes the same arguments as the fx step
 (token, RoPE rows, mask, write index, block table or slots, bound KV list) and
 writes the KV tensors it is given in place. Step kinds that pass host integers
-(the ``symbol`` offset paths) are refused: an integer argument would be compiled
-as a constant.
+(the ``symbol`` offset paths) are not stored, since an integer argument would be
+compiled as a constant: the config refuses them with a plan cache, and an oracle's
+own symbol-path variant is built by torch.compile, uncached (see ``cacheable``).
 """
 from __future__ import annotations
 

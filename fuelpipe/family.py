@@ -31,6 +31,13 @@ class DecoderModel(nn.Module):
         # can never be judged valid for another one, whatever the allocator does.
         self.instance_id = ModelInstanceId.mint()
         self._shape_key: tuple[Any, int] | None = None  # (config it was computed for, key)
+        # How the matrix weights are held (fuelpipe.quant.QuantSpec); None: as built (model dtype).
+        self.weight_format = None
+
+    def set_weight_format(self, spec) -> None:
+        """Stamp the quantization the matrices were converted to (it enters the plan key)."""
+        self.weight_format = spec
+        self._shape_key = None
 
     def __setstate__(self, state: dict) -> None:
         # copy.copy, copy.deepcopy and unpickling all land here: the result is another
@@ -38,10 +45,14 @@ class DecoderModel(nn.Module):
         super().__setstate__(state)
         self.instance_id = ModelInstanceId.mint()
         self._shape_key = None
+        self.__dict__.setdefault("weight_format", None)
 
     def structure(self) -> dict[str, Any]:
         """Every structure-affecting config field (RoPE fields excluded: per-token data)."""
-        return structure_fields(self.config, self.rope_fields)
+        out = structure_fields(self.config, self.rope_fields)
+        fmt = getattr(self, "weight_format", None)
+        out["weight_format"] = "as_built" if fmt is None else fmt.label()
+        return out
 
     def shape_key(self) -> int:
         cached = self._shape_key

@@ -33,3 +33,5 @@ class Fault(enum.Enum):
     # The persistent plan cache keys entries without the weight digest: a plan compiled (weights baked) for one
     # checkpoint is loaded for another of the same shapes
     PLAN_CACHE_IGNORES_WEIGHTS = "plan_cache_ignores_weights"
+    # Every packed low-bit matrix dequantizes with twice its scale (a dequantizer reading the wrong scale)
+    QUANT_WRONG_SCALE = "quant_wrong_scale"

@@ -22,10 +22,12 @@ def _run(compose_cfg, name, overrides=()):
 
 
 # plan_cache checks a persistent inductor plan cache, and skips without one: its gate and negative
-# control run in tests/test_plan_cache.py (inductor, a cache folder, AOT compiles).
-CASES = [(name, backend) for name in sorted(ORACLES) if name != "plan_cache" for backend in ("eager", "fx")]
+# control run in tests/test_plan_cache.py (inductor, a cache folder, AOT compiles). quant_quality skips
+# f32 weights: its gate and negative control run in tests/test_quant.py.
+OWN_TESTS = ("plan_cache", "quant_quality")
+CASES = [(name, backend) for name in sorted(ORACLES) if name not in OWN_TESTS for backend in ("eager", "fx")]
 # Every oracle on fx by default; on eager too with -m slow (each oracle's own tests cover eager).
-DEFAULT = [(name, "fx") for name in ORACLES if name != "plan_cache"] + [(name, "eager") for name in ("plan_vs_replan", "key_sensitivity")]
+DEFAULT = [(name, "fx") for name in ORACLES if name not in OWN_TESTS] + [(name, "eager") for name in ("plan_vs_replan", "key_sensitivity")]
 
 
 @pytest.mark.parametrize("name,backend", default_or_slow(CASES, DEFAULT, [f"{n}-{b}" for n, b in CASES]))

@@ -72,6 +72,21 @@ class ModelConfig:
     overrides: Dict[str, Any] = field(default_factory=dict)
 
 
+class WeightKind(enum.Enum):
+    f32 = "f32"
+    bf16 = "bf16"  # weight-only: bf16 matrices, f32 activations
+    int8 = "int8"  # weight-only, symmetric per group (GGUF Q8_0's form at group 32)
+    int4 = "int4"  # weight-only, scale and min per group (GGUF Q4_1's form at group 32); vocabulary matrices int8
+
+
+@dataclass
+class WeightsConfig:
+    """How the model's matrices are held (``fuelpipe.quant``): a plan-time choice, in the plan key."""
+
+    dtype: Optional[WeightKind] = None  # null: as built (model.dtype); f32 | bf16 | int8 | int4
+    group_size: int = 32  # elements per scale (int8, int4): a multiple of 32 dividing every in_features
+
+
 @dataclass
 class KvConfig:
     layout: KvLayout = KvLayout.contiguous
@@ -177,6 +192,7 @@ class ExperimentConfig:
 @dataclass
 class FuelpipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     kv: KvConfig = field(default_factory=KvConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)

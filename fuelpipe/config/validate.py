@@ -27,6 +27,7 @@ def validate(cfg: DictConfig) -> list[str]:
     if unknown:
         return unknown
     reasons, model_cfg = _model(cfg.model)
+    reasons += _weights(cfg)
     reasons += _kv(cfg, model_cfg)
     reasons += _backend(cfg.backend)
     reasons += _plan(cfg.plan)
@@ -63,6 +64,26 @@ def resolve_device(device: Device) -> torch.device:
 
 
 # ---- per group --------------------------------------------------------------------------------
+def _weights(cfg: DictConfig) -> list[str]:
+    w = cfg.weights
+    if w.dtype is None or w.dtype.value == "f32" and cfg.model.dtype.value == "float32":
+        return []
+    reasons = []
+    if w.dtype.value == "f32":
+        reasons.append(f"weights.dtype=f32 needs model.dtype=float32, got {cfg.model.dtype.value} "
+                       "(leave weights.dtype null to hold the matrices in the model's dtype)")
+    if cfg.model.dtype.value != "float32":
+        reasons.append(f"weights.dtype={w.dtype.value} is weight-only with f32 activations: it needs "
+                       f"model.dtype=float32, got {cfg.model.dtype.value}")
+    if w.group_size < 32 or w.group_size % 32:
+        reasons.append(f"weights.group_size must be a positive multiple of 32, got {w.group_size}")
+    if cfg.backend.device is Device.cuda or cfg.backend.device is Device.auto and torch.cuda.is_available():
+        reasons.append(f"weights.dtype={w.dtype.value} runs on CPU kernels (fuelpipe.kernels); "
+                       f"backend.device={cfg.backend.device.value} would put it on CUDA")
+    return reasons
+
+
+
 def _model(m: DictConfig) -> tuple[list[str], Optional[Any]]:
     fams = families()
     if m.family not in fams:

@@ -55,6 +55,8 @@ class OracleInput:
     tolerance: Optional[float] = None  # max abs error, for tolerance oracles
     fault: Fault = Fault.NONE  # set only by a negative control
     batch: BatchSpec = BatchSpec()  # the batch oracles' max_batch and buckets (config: batch.*)
+    # The same checkpoint with its matrices as built (f32), for a quantized model; None otherwise.
+    dense_model: Optional[Callable[[], DecodeBackbone]] = None
 
     def cache(self, ctx: InferenceContext):
         return self.setup.kv.new_cache(ctx, self.max_seq_len)

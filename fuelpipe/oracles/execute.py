@@ -35,6 +35,7 @@ def execute(
     tolerance: Optional[float],
     control: bool = False,
     batch: BatchSpec = BatchSpec(),
+    dense_model: Optional[Callable[[], DecodeBackbone]] = None,
 ) -> OracleResult:
     """One oracle's result; ``control`` injects its fault (the negative control: it must then fail).
 
@@ -44,6 +45,7 @@ def execute(
     inp = OracleInput(
         model=model, setup=setup, prompts=prompts, new_tokens=new_tokens, max_seq_len=max_seq_len,
         other_model=other_model, tolerance=tolerance, fault=spec.fault if control else Fault.NONE, batch=batch,
+        dense_model=dense_model,
     )
     t0 = time.perf_counter()
     try:

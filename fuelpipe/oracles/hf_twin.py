@@ -241,7 +241,9 @@ def load_from_hf(model: torch.nn.Module, hf: torch.nn.Module) -> None:
 @torch.no_grad()
 def load_into_hf(hf: torch.nn.Module, model: torch.nn.Module) -> None:
     """Copy a fuelpipe model's weights into its twin; every tensor on both sides must find its counterpart."""
-    ours = model.state_dict()
+    from fuelpipe.quant.modules import dense_state_dict
+
+    ours = dense_state_dict(model)  # a low-bit model's matrices as the f32 values they stand for
     theirs = hf.state_dict()
     mapped, unused = {}, set(ours)
     for name, t in theirs.items():

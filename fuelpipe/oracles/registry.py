@@ -26,6 +26,7 @@ from fuelpipe.oracles import (
     plan_accounting,
     plan_cache,
     plan_vs_replan,
+    quant_quality,
     rebind_guard,
     request_isolation,
     vs_reference,
@@ -107,6 +108,7 @@ BUILTIN_ORACLES = (
     _builtin("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
     _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
     _builtin("plan_cache", plan_cache.run, Tolerance.MAX_ABS, Fault.PLAN_CACHE_IGNORES_WEIGHTS),
+    _builtin("quant_quality", quant_quality.run, Tolerance.COUNTS, Fault.QUANT_WRONG_SCALE),
 )
 ORACLES: Registry[OracleSpec] = Registry("fuelpipe.oracles", "oracle", OracleSpec)
 

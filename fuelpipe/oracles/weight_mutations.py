@@ -20,8 +20,15 @@ from torch import nn
 FACTOR = 1.25  # every mutated weight becomes FACTOR x itself: the function changes, the shapes do not
 
 
-def linears(model: nn.Module) -> list[nn.Linear]:
-    return [m for m in model.modules() if type(m) is nn.Linear]
+def linears(model: nn.Module) -> list[nn.Module]:
+    """Every matrix-holding linear: ``nn.Linear`` and packed low-bit ones (``fuelpipe.quant``)."""
+    from fuelpipe.quant.modules import QuantLinear
+
+    return [m for m in model.modules() if type(m) is nn.Linear or isinstance(m, QuantLinear)]
+
+
+def _packed(m: nn.Module) -> bool:
+    return type(m) is not nn.Linear
 
 
 def first_layer_linears(model: nn.Module) -> list[nn.Linear]:
@@ -38,17 +45,27 @@ def scaled_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def copy_in_place(model: nn.Module) -> str:
+    from fuelpipe.quant.modules import scale_packed_
+
     mods = first_layer_linears(model)
     for m in mods:
-        m.weight.copy_(m.weight * FACTOR)
+        if _packed(m):
+            scale_packed_(m, FACTOR)
+        else:
+            m.weight.copy_(m.weight * FACTOR)
     return f"copy_ into {len(mods)} linear weights of the first layer"
 
 
 @torch.no_grad()
 def data_assign(model: nn.Module) -> str:
+    from fuelpipe.quant.modules import scale_packed_
+
     mods = linears(model)
     for m in mods:
-        m.weight.data = m.weight.detach() * FACTOR
+        if _packed(m):
+            scale_packed_(m, FACTOR, via_data=True)
+        else:
+            m.weight.data = m.weight.detach() * FACTOR
     return f".data = on {len(mods)} linear weights"
 
 
@@ -57,6 +74,11 @@ def module_swap(model: nn.Module) -> str:
     old = first_layer_linears(model)[0]
     for parent in model.modules():
         for name, child in parent.named_children():
+            if child is old and _packed(old):
+                from fuelpipe.quant.modules import scaled_copy
+
+                setattr(parent, name, scaled_copy(old, FACTOR))
+                return f"module {type(parent).__name__}.{name} replaced by a new {type(old).__name__}"
             if child is old:
                 new = nn.Linear(old.in_features, old.out_features, bias=old.bias is not None,
                                 device=old.weight.device, dtype=old.weight.dtype).requires_grad_(False)

@@ -39,24 +39,41 @@ class Assembly:
     tokenizer: Optional[Any] = None  # a checkpoint's TextTokenizer; None for random weights
     load: dict = field(default_factory=dict)  # checkpoint load report (times, peak RSS), empty for random
     model_record: dict = field(default_factory=dict)  # what was loaded (results.json ``model``)
+    # For quantized weights (weights.dtype): the same checkpoint with its matrices as built.
+    dense_model: Optional[Callable[[], DecodeBackbone]] = None
 
 
-def load_checkpoint(m: DictConfig, device: torch.device):
+def quant_spec(w: Optional[DictConfig]):
+    """The ``weights`` section as a ``QuantSpec``; None when the matrices stay as built."""
+    from fuelpipe.quant.formats import QuantKind, QuantSpec
+
+    if w is None or w.dtype is None:
+        return None
+    spec = QuantSpec(QuantKind(w.dtype.value), int(w.group_size))
+    return spec if spec.quantized else None
+
+
+def load_checkpoint(m: DictConfig, device: torch.device, quant=None):
     """(model, tokenizer, report) of a checkpoint config."""
     from fuelpipe.weights import load_model, load_named
 
     dtype = DTYPES[m.dtype.value]
     if m.weights is Weights.shipped:
-        return load_named(m.size, dtype=dtype, device=device)
-    return load_model(m.path, dtype=dtype, device=device)
+        return load_named(m.size, dtype=dtype, device=device, quant=quant)
+    return load_model(m.path, dtype=dtype, device=device, quant=quant)
 
 
-def build_model(m: DictConfig, device: torch.device, seed: int) -> DecodeBackbone:
+def build_model(m: DictConfig, device: torch.device, seed: int, quant=None) -> DecodeBackbone:
     if m.weights is not Weights.random:
-        return load_checkpoint(m, device)[0]
-    return build_random_model(
+        return load_checkpoint(m, device, quant)[0]
+    model = build_random_model(
         m.family, m.size, seed=seed, dtype=DTYPES[m.dtype.value], device=device, **m.overrides
     )
+    if quant is not None:
+        from fuelpipe.quant.modules import quantize_model
+
+        quantize_model(model, quant)
+    return model
 
 
 def setup_from(cfg: DictConfig) -> Setup:
@@ -93,10 +110,11 @@ def assemble(cfg: DictConfig) -> Assembly:
     device = resolve_device(cfg.backend.device)
     m = cfg.model
     tokenizer, load, report = None, {}, None
+    quant = quant_spec(cfg.get("weights"))
     if m.weights is Weights.random:
-        model = build_model(m, device, seed=m.seed)
+        model = build_model(m, device, seed=m.seed, quant=quant)
     else:
-        model, tokenizer, report = load_checkpoint(m, device)
+        model, tokenizer, report = load_checkpoint(m, device, quant)
         load = {"load_s": report.load_s, "summary": report.summary()}
     record = model_record(m, model, report)
     prompts = resolve_prompts(cfg.experiment, tokenizer, model.dims.vocab_size)
@@ -109,6 +127,7 @@ def assemble(cfg: DictConfig) -> Assembly:
             f"kv.max_seq_len={max_seq_len} exceeds the model's max_position_embeddings="
             f"{model.dims.max_position_embeddings}"
         )
-    other = partial(build_model, m, device, seed=m.seed + 1)
+    other = partial(build_model, m, device, seed=m.seed + 1, quant=quant)
+    dense = None if quant is None else partial(build_model, m, device, seed=m.seed, quant=None)
     return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other, prompts,
-                    tokenizer, load, record)
+                    tokenizer, load, record, dense)

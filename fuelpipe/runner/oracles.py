@@ -31,4 +31,5 @@ def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
         max_seq_len=asm.max_seq_len, other_model=asm.other_model,
         tolerance=tolerance_for(spec, oc.tolerance, cfg.model.dtype.value),
         control=bool(exp.negative_control or oc.inject_fault), batch=batch_spec(cfg.batch),
+        dense_model=asm.dense_model,
     )

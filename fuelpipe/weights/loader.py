@@ -158,13 +158,17 @@ def _meta_model(entry, config, dtype: torch.dtype) -> torch.nn.Module:
         return entry.model_cls(config, device="meta", dtype=dtype)  # parameters without storage
 
 
-def _param_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Canonical name -> every state-dict name sharing that tensor (a tied head shares the embedding)."""
+def _param_groups(model: torch.nn.Module, only_meta: bool = False) -> dict[str, list[str]]:
+    """Canonical name -> every state-dict name sharing that tensor (a tied head shares the embedding).
+
+    ``only_meta``: only tensors still without data (the rest of a model whose matrices were packed)."""
     groups: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
+        if not only_meta or p.is_meta:
+            groups.setdefault(id(p), []).append(name)
     for name, b in model.named_buffers(remove_duplicate=False):
-        groups.setdefault(id(b), []).append(name)
+        if b is not None and (not only_meta or b.is_meta):
+            groups.setdefault(id(b), []).append(name)
     return {names[0]: names for names in groups.values()}
 
 
@@ -212,11 +216,13 @@ def _put(path: Path, tensors: dict[str, torch.Tensor], first: dict[str, str], p:
                                           f"parameter {p.target} but differ (is the head really tied?)")
 
 
-def _assign(path: Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """``load_state_dict(assign=True)`` for every name, then re-tie tensors the model shared."""
-    groups = _param_groups(model)
+def _assign(path: Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor], only_meta: bool = False) -> None:
+    """``load_state_dict(assign=True)`` for every name, then re-tie tensors the model shared.
+
+    ``only_meta``: the packed matrices already hold their data; load the rest (norms, biases)."""
+    groups = _param_groups(model, only_meta)
     state = {name: tensors[canon] for canon, names in groups.items() for name in names}
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=not only_meta, assign=True)
     for canon, names in groups.items():
         owner_name, _, leaf = canon.rpartition(".")
         shared = getattr(model.get_submodule(owner_name), leaf)
@@ -240,7 +246,45 @@ def _expand(rules: tuple[TensorRule, ...], n_layers: int) -> dict[str, tuple[str
     return out
 
 
-def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
+def _matrix_targets(model: torch.nn.Module, quant) -> dict[str, bool]:
+    """Weight name -> is a vocabulary matrix, for every matrix ``quant`` will pack."""
+    from torch import nn
+
+    from fuelpipe.quant.formats import fits
+    from fuelpipe.quant.modules import vocabulary_matrix
+
+    out = {}
+    for name, module in model.named_modules():
+        if type(module) in (nn.Linear, nn.Embedding) and fits(quant, module.weight.shape[1]):
+            out[f"{name}.weight"] = vocabulary_matrix(name, module)
+    return out
+
+
+def _packed_from_file(f, info, p: "_Planned", config, quant, vocabulary: bool):
+    """One matrix of the file in the packed form ``quant`` asks for: its own blocks when usable, else quantized."""
+    from fuelpipe.quant import gguf_blocks
+    from fuelpipe.quant.formats import quantize
+
+    kind = gguf_blocks.kind_for(quant, vocabulary, info.ggml_type)
+    packed = gguf_blocks.packed_from_blocks(f.raw(info), info.ggml_type, info.shape, kind, quant.group_size)
+    if packed is not None:
+        if p.transform is None:
+            return packed, True
+        perm = gguf_blocks.row_permutation(p.transform, info.shape[0], config)
+        if perm is not None:
+            return gguf_blocks.permute_rows(packed, perm), True
+    w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
+    check_finite(path_of(f), p.source, w)
+    if p.transform is not None:
+        w = p.transform(w, config)
+    return quantize(w, kind, quant.group_size), False
+
+
+def path_of(f) -> Path:
+    return Path(getattr(f, "path", "<gguf>"))
+
+
+def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float], quant=None):
     t0 = time.perf_counter()
     f = GgufFile(path)
     arch_name = f.architecture
@@ -276,8 +320,17 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
     tensors: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}
     checked = 0.0
+    matrices = _matrix_targets(model, quant) if quant is not None and quant.quantized else {}
+    packed: dict = {}
+    as_is = 0
     for p in plan:
         info = f.tensors[p.source]
+        if p.target in matrices:
+            # Packed straight from the file, one tensor at a time: the f32 model never exists.
+            if p.target not in packed:
+                packed[p.target], kept = _packed_from_file(f, info, p, config, quant, matrices[p.target])
+                as_is += kept
+            continue
         w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
         t1 = time.perf_counter()
         check_finite(path, p.source, w)  # as stored (dequantized), before any transform moves the values
@@ -285,7 +338,12 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float]):
         if p.transform is not None:
             w = p.transform(w, config)
         _put(path, tensors, first, p, w.to(dtype))
-    _assign(path, model, tensors)
+    if matrices:
+        from fuelpipe.quant.modules import quantize_model
+
+        quantize_model(model, quant, packed)
+        model.packed_as_stored = as_is  # matrices whose file blocks were kept as they are
+    _assign(path, model, tensors, only_meta=bool(matrices))
     report_times["weights"] = time.perf_counter() - t0 - checked
     report_times["finite_check"] = checked
     types = Counter(f.tensors[p.source].type_name for p in plan)
@@ -469,9 +527,12 @@ def sniff_format(path: Path) -> str:
 # ---- entry points ------------------------------------------------------------------------
 def load_model(
     source: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    with_tokenizer: bool = True,
+    with_tokenizer: bool = True, quant=None,
 ) -> LoadedModel:
-    """Load a GGUF file or an HF safetensors directory into its registered family (see ``fuelpipe.weights``)."""
+    """Load a GGUF file or an HF safetensors directory into its registered family (see ``fuelpipe.weights``).
+
+    ``quant`` (a ``fuelpipe.quant.QuantSpec``): hold the matrices in a low-bit form. From a GGUF file
+    they are packed tensor by tensor, keeping the file's own blocks where the kernels take them."""
     path = Path(source).expanduser()
     kind = sniff_format(path)
     rss_before = _rss_mb()
@@ -480,7 +541,7 @@ def load_model(
     times: dict[str, float] = {}
     tokenizer = None
     if kind == "gguf":
-        model, config, arch, types, gguf_file = load_gguf(path, dtype, times)
+        model, config, arch, types, gguf_file = load_gguf(path, dtype, times, quant)
         if with_tokenizer:
             t0 = time.perf_counter()
             tokenizer = tokenizer_from_gguf(path, gguf_file.metadata)
@@ -489,6 +550,10 @@ def load_model(
         fmt = "gguf"
     else:
         model, config, arch, types = load_hf_dir(path, dtype, times)
+        if quant is not None and quant.quantized:
+            from fuelpipe.quant.modules import quantize_model
+
+            quantize_model(model, quant)
         if with_tokenizer:
             t0 = time.perf_counter()
             tokenizer = tokenizer_from_hf_dir(path)
@@ -499,7 +564,7 @@ def load_model(
         model = model.to(device)
         times["to_device"] = time.perf_counter() - t0
     load_s = time.perf_counter() - t_start
-    unique = {id(p): p for p in model.parameters()}.values()
+    unique = {id(p): p for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]}.values()
     report = LoadReport(
         source=path, format=fmt, architecture=arch, family=model.family, config=config, dtype=dtype,
         n_params=sum(p.numel() for p in unique), weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
@@ -510,6 +575,6 @@ def load_model(
 
 
 def load_named(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               with_tokenizer: bool = True) -> LoadedModel:
+               with_tokenizer: bool = True, quant=None) -> LoadedModel:
     """Load a named shipped checkpoint (``smollm2_135m``, ``gemma3_270m``); see ``fuelpipe.weights.named``."""
-    return load_model(named_path(name), dtype=dtype, device=device, with_tokenizer=with_tokenizer)
+    return load_model(named_path(name), dtype=dtype, device=device, with_tokenizer=with_tokenizer, quant=quant)

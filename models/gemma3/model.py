@@ -16,6 +16,7 @@ from torch import nn
 
 from fuelpipe.backbone import DecodeDims, LayerInputs
 from fuelpipe.family import DecoderModel
+from fuelpipe.quant.modules import embedding_head
 from fuelpipe.layers import GatedMLP, RMSNorm, cached_attention, merge_heads, split_heads
 from fuelpipe.masks import SLIDING, MaskPlan
 from fuelpipe.rope import RopePlan, RopeSpec
@@ -106,7 +107,7 @@ class Gemma3Model(DecoderModel):
         return self.layers[index](h, inputs, self.rope_plan.rotary_dim)
 
     def final(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(self.norm(h), self.embed_tokens.weight)  # tied head
+        logits = embedding_head(self.embed_tokens, self.norm(h))  # tied head (plain or quantized table)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

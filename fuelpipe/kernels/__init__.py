@@ -1,0 +1,1 @@
+"""Compiled operators (quantized GEMVs), built once per machine on first use: see ``build``."""

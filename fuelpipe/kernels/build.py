@@ -1,0 +1,97 @@
+"""Compile and load the quantized GEMV operators (``quant_gemv.cpp``) once per machine.
+
+The library is built on first use with the C++ compiler torch's own extensions
+use, ``-O3 -march=native``, into a folder named by a digest of the source, the
+torch version and the machine (CPU model and flags, compiler), so a shared home
+folder never hands one CPU's build to another and an edited source is rebuilt.
+Later processes load the built library in milliseconds. The folder is
+``$FUELPIPE_KERNEL_CACHE`` or ``~/.cache/fuelpipe/kernels``.
+
+A failed build is a typed ``KernelBuildError`` naming the compiler's output,
+never a half-loaded library.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from fuelpipe.errors import FuelpipeError
+
+SOURCE = Path(__file__).with_name("quant_gemv.cpp")
+LIBRARY = "fuelpipe_kernels"
+_LOCK = threading.Lock()
+_LOADED: dict[str, str] = {}
+
+
+class KernelBuildError(FuelpipeError):
+    """The quantized kernels could not be compiled or loaded on this machine."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FUELPIPE_KERNEL_CACHE", Path.home() / ".cache" / "fuelpipe" / "kernels"))
+
+
+def build_digest() -> str:
+    from fuelpipe.plan.plan_cache_key import machine_digest
+
+    h = hashlib.sha256()
+    h.update(SOURCE.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(machine_digest().encode())
+    return h.hexdigest()[:16]
+
+
+def load() -> str:
+    """Build (first time on this machine) and load the operators; returns the library path."""
+    digest = build_digest()
+    with _LOCK:
+        if digest in _LOADED:
+            return _LOADED[digest]
+        if hasattr(torch.ops, LIBRARY) and _has_ops():
+            _LOADED[digest] = "already loaded"
+            return _LOADED[digest]
+        from torch.utils import cpp_extension
+
+        folder = cache_root() / digest
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            path = cpp_extension.load(
+                name=f"fuelpipe_kernels_{digest}", sources=[str(SOURCE)], build_directory=str(folder),
+                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                is_python_module=False, verbose=False)
+        except Exception as e:  # compiler missing, build failure, load failure
+            raise KernelBuildError(
+                f"could not build fuelpipe's quantized kernels from {SOURCE} in {folder}: "
+                f"{type(e).__name__}: {str(e)[-2000:]}") from e
+        _LOADED[digest] = str(path)
+        _register_fakes()
+        return _LOADED[digest]
+
+
+def _has_ops() -> bool:
+    try:
+        torch.ops.fuelpipe_kernels.q4_gemv.default
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _register_fakes() -> None:
+    """Shape functions, so fx tracing with fake tensors, dynamo and inductor see the operators' outputs."""
+
+    def out(x, n):
+        return x.new_empty((*x.shape[:-1], n))
+
+    torch.library.register_fake("fuelpipe_kernels::q8_gemv")(lambda x, q, scales, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::q4_gemv")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
+
+
+def vector_path() -> str:
+    """``avx2`` or ``scalar``: which path the built kernels take on this CPU."""
+    load()
+    return torch.ops.fuelpipe_kernels.vector_path()

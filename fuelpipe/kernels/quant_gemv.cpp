@@ -1,0 +1,352 @@
+// Weight-only low-bit matrix products for decode: f32 activations times int8, 4-bit or bf16 weights.
+//
+// Compiled once per machine by fuelpipe.kernels.build (with -march=native, so the AVX2 path is
+// taken wherever the CPU has AVX2 and FMA: the AMD EPYC and Intel Xeon machines alike); the scalar
+// path is the portable fallback and the readable statement of what every path computes. The
+// Python reference (fuelpipe.quant.formats.dequantize + F.linear) is what the tests compare against.
+//
+// Weight layouts (row n of the weight is output feature n; K = in_features; G = group size, a
+// multiple of 32 that divides K):
+//   int8: q  int8  [N, K]                 w[n, k] = q[n, k] * scale[n, k / G]
+//   int4: q  uint8 [N, K / 2]             per 32-element block of a row, byte j (0..15) holds element j
+//                                         in its low nibble and element j + 16 in its high nibble (the
+//                                         GGUF Q4_0 / Q4_1 block order, so those files' blocks are
+//                                         copied, not re-quantized)
+//                                         w[n, k] = code[n, k] * scale[n, k / G] + min[n, k / G]
+//   bf16: w  bf16  [N, K]                 w[n, k] = float(w[n, k])
+// scale and min are f16 or f32 [N, K / G] (f32 keeps K-quant scales, d * sub-scale, exact).
+//
+// Each output row is one thread's sequential dot product, so the result does not depend on the
+// thread count: a held plan and a fresh build give bit-identical logits.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define FUELPIPE_AVX2 1
+#endif
+
+namespace {
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(c10::Half v) { return static_cast<float>(v); }
+
+#ifdef FUELPIPE_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline __m256 bytes8_u(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+inline __m256 bytes8_s(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// ---- one weight row: dequantize into f32 (the form every multi-row product uses) ------------------
+
+template <typename S>
+void dequant_row_q8(const int8_t* q, const S* s, int64_t K, int64_t G, float* out) {
+  for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(q[k]) * to_f32(s[k / G]);
+}
+
+template <typename S>
+void dequant_row_q4(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t G, float* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* qb = q + b * 16;
+    const int64_t g = b * 32 / G;
+    const float d = to_f32(s[g]), m = to_f32(mn[g]);
+    for (int j = 0; j < 16; ++j) {
+      out[b * 32 + j] = static_cast<float>(qb[j] & 0x0F) * d + m;
+      out[b * 32 + j + 16] = static_cast<float>(qb[j] >> 4) * d + m;
+    }
+  }
+}
+
+void dequant_row_bf16(const c10::BFloat16* w, int64_t K, float* out) {
+  for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(w[k]);
+}
+
+float dot_f32(const float* a, const float* b, int64_t K) {
+#ifdef FUELPIPE_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), acc1);
+  }
+  float s = hsum(_mm256_add_ps(acc0, acc1));
+  for (; k < K; ++k) s += a[k] * b[k];
+  return s;
+#else
+  float s = 0.f;
+  for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+  return s;
+#endif
+}
+
+// ---- one weight row times one activation row, fused (decode: M == 1) -----------------------------
+
+// Scales (and mins) of one row as f32: f16 rows are converted 8 at a time with F16C, not one by one.
+template <typename S>
+const float* row_f32(const S* src, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<S, float>) {
+    return src;
+  } else {
+    int64_t i = 0;
+#ifdef FUELPIPE_AVX2
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+    for (; i < n; ++i) buf[i] = static_cast<float>(src[i]);
+    return buf;
+  }
+}
+
+float dot_q8(const int8_t* q, const float* s, const float* x, int64_t K, int64_t G) {
+#ifdef FUELPIPE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t g = 0; g < K / G; ++g) {
+    __m256 ga = _mm256_setzero_ps(), gb = _mm256_setzero_ps();
+    for (int64_t k = g * G; k < (g + 1) * G; k += 32) {
+      ga = _mm256_fmadd_ps(bytes8_s(q + k), _mm256_loadu_ps(x + k), ga);
+      gb = _mm256_fmadd_ps(bytes8_s(q + k + 8), _mm256_loadu_ps(x + k + 8), gb);
+      ga = _mm256_fmadd_ps(bytes8_s(q + k + 16), _mm256_loadu_ps(x + k + 16), ga);
+      gb = _mm256_fmadd_ps(bytes8_s(q + k + 24), _mm256_loadu_ps(x + k + 24), gb);
+    }
+    acc = _mm256_fmadd_ps(_mm256_add_ps(ga, gb), _mm256_set1_ps(s[g]), acc);
+  }
+  return hsum(acc);
+#else
+  float acc = 0.f;
+  for (int64_t g = 0; g < K / G; ++g) {
+    float ga = 0.f;
+    for (int64_t k = g * G; k < (g + 1) * G; ++k) ga += static_cast<float>(q[k]) * x[k];
+    acc += ga * s[g];
+  }
+  return acc;
+#endif
+}
+
+// xsum[g] = sum of x over group g: the min term of a whole group is min[g] * xsum[g].
+float dot_q4(const uint8_t* q, const float* s, const float* mn, const float* x, const float* xsum, int64_t K, int64_t G) {
+#ifdef FUELPIPE_AVX2
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float macc = 0.f;
+  for (int64_t g = 0; g < K / G; ++g) {
+    __m256 ga = _mm256_setzero_ps(), gb = _mm256_setzero_ps();
+    for (int64_t k = g * G; k < (g + 1) * G; k += 32) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k / 2));
+      const __m128i lo = _mm_and_si128(raw, low);                     // elements k .. k+15
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);  // elements k+16 .. k+31
+      ga = _mm256_fmadd_ps(bytes8_u(lo), _mm256_loadu_ps(x + k), ga);
+      gb = _mm256_fmadd_ps(bytes8_u(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + k + 8), gb);
+      ga = _mm256_fmadd_ps(bytes8_u(hi), _mm256_loadu_ps(x + k + 16), ga);
+      gb = _mm256_fmadd_ps(bytes8_u(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + k + 24), gb);
+    }
+    acc = _mm256_fmadd_ps(_mm256_add_ps(ga, gb), _mm256_set1_ps(s[g]), acc);
+  }
+  return hsum(acc) + dot_f32(mn, xsum, K / G);
+#else
+  float acc = 0.f;
+  for (int64_t g = 0; g < K / G; ++g) {
+    float ga = 0.f;
+    for (int64_t b = g * G / 32; b < (g + 1) * G / 32; ++b) {
+      const uint8_t* qb = q + b * 16;
+      for (int j = 0; j < 16; ++j)
+        ga += static_cast<float>(qb[j] & 0x0F) * x[b * 32 + j] + static_cast<float>(qb[j] >> 4) * x[b * 32 + j + 16];
+    }
+    acc += ga * s[g];
+  }
+  return acc + dot_f32(mn, xsum, K / G);
+#endif
+}
+
+float dot_bf16(const c10::BFloat16* w, const float* x, int64_t K) {
+#ifdef FUELPIPE_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
+    const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
+    const __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+    acc0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(x + k), acc0);
+    acc1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(x + k + 8), acc1);
+  }
+  float s = hsum(_mm256_add_ps(acc0, acc1));
+  for (; k < K; ++k) s += static_cast<float>(w[k]) * x[k];
+  return s;
+#else
+  float s = 0.f;
+  for (int64_t k = 0; k < K; ++k) s += static_cast<float>(w[k]) * x[k];
+  return s;
+#endif
+}
+
+// ---- the operators ---------------------------------------------------------------------------------
+
+void check_common(const char* op, const at::Tensor& x, int64_t K, int64_t N, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu(), op, ": x must be on the CPU, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": x must be float32 (activations stay f32), got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, op, ": x's last dimension must be in_features=", K, ", got shape ", x.sizes());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == N, op,
+                ": bias must be float32 [", N, "], got ", bias->scalar_type(), " ", bias->sizes());
+  }
+}
+
+constexpr int64_t kMaxGroups = 4096;  // groups per row (K / G): 131072 inputs at group 32
+
+void check_scales(const char* op, const at::Tensor& s, int64_t N, int64_t K, int64_t G) {
+  TORCH_CHECK(G >= 32 && G % 32 == 0 && K % G == 0, op, ": group size must be a multiple of 32 dividing in_features=", K, ", got ", G);
+  TORCH_CHECK(K / G <= kMaxGroups, op, ": at most ", kMaxGroups, " groups per row, got in_features=", K, " / group ", G);
+  TORCH_CHECK(s.dim() == 2 && s.size(0) == N && s.size(1) == K / G && s.is_contiguous(), op,
+              ": scales must be contiguous [", N, ", ", K / G, "], got ", s.sizes());
+  TORCH_CHECK(s.scalar_type() == at::kHalf || s.scalar_type() == at::kFloat, op, ": scales must be float16 or float32, got ", s.scalar_type());
+}
+
+at::Tensor out_like(const at::Tensor& x, int64_t N) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  return at::empty(sizes, x.options());
+}
+
+// Runs row_fn(n, x_rows, M, out) over output rows in parallel; x is [M, K] contiguous.
+template <typename RowFn>
+at::Tensor run_rows(const at::Tensor& x_in, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, RowFn row_fn) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = out_like(x, N);
+  const int64_t M = x.numel() / K;
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->contiguous().data_ptr<float>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(M > 1 ? K : 0);
+    for (int64_t n = begin; n < end; ++n) {
+      row_fn(n, xp, M, op, row.data());
+      if (bp) for (int64_t m = 0; m < M; ++m) op[m * N + n] += bp[n];
+    }
+  });
+  return out;
+}
+
+at::Tensor q8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), "q8_gemv: q must be contiguous int8 [N, K], got ",
+              q.scalar_type(), " ", q.sizes());
+  const int64_t N = q.size(0), K = q.size(1);
+  check_common("q8_gemv", x, K, N, bias);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q8_gemv: scales must be [N, K / group], got ", scales.sizes());
+  const int64_t G = K / scales.size(1);
+  check_scales("q8_gemv", scales, N, K, G);
+  const int8_t* qp = q.data_ptr<int8_t>();
+  return AT_DISPATCH_SWITCH(scales.scalar_type(), "q8_gemv",
+    AT_DISPATCH_CASE(at::kFloat, [&] { using S = float; const S* sp = scales.data_ptr<S>();
+      return run_rows(x, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
+        if (M == 1) { float sb[kMaxGroups]; op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * (K / G), K / G, sb), xp, K, G); return; }
+        dequant_row_q8<S>(qp + n * K, sp + n * (K / G), K, G, row);
+        for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
+      }); })
+    AT_DISPATCH_CASE(at::kHalf, [&] { using S = c10::Half; const S* sp = scales.data_ptr<S>();
+      return run_rows(x, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
+        if (M == 1) { float sb[kMaxGroups]; op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * (K / G), K / G, sb), xp, K, G); return; }
+        dequant_row_q8<S>(qp + n * K, sp + n * (K / G), K, G, row);
+        for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
+      }); }));
+}
+
+at::Tensor q4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const at::Tensor& mins,
+                   const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.is_contiguous(), "q4_gemv: q must be contiguous uint8 [N, K / 2], got ",
+              q.scalar_type(), " ", q.sizes());
+  const int64_t N = q.size(0), K = q.size(1) * 2;
+  check_common("q4_gemv", x, K, N, bias);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q4_gemv: scales must be [N, K / group], got ", scales.sizes());
+  const int64_t G = K / scales.size(1);
+  check_scales("q4_gemv", scales, N, K, G);
+  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.scalar_type() == scales.scalar_type() && mins.is_contiguous(),
+              "q4_gemv: mins must match scales (", scales.scalar_type(), " ", scales.sizes(), "), got ", mins.scalar_type(), " ", mins.sizes());
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = xc.numel() / K;
+  // Sum of each activation row over each group: the mins' share of every output row.
+  std::vector<float> xsum(M * (K / G), 0.f);  // [M, K / G]
+  const float* xin = xc.data_ptr<float>();
+  for (int64_t i = 0; i < M * (K / G); ++i) {
+    float t = 0.f;
+    for (int64_t j = 0; j < G; ++j) t += xin[i * G + j];
+    xsum[i] = t;
+  }
+  const float* xs = xsum.data();
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  return AT_DISPATCH_SWITCH(scales.scalar_type(), "q4_gemv",
+    AT_DISPATCH_CASE(at::kFloat, [&] { using S = float; const S* sp = scales.data_ptr<S>(); const S* mp = mins.data_ptr<S>();
+      return run_rows(xc, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
+        if (M == 1) {
+          float sb[kMaxGroups], mb[kMaxGroups];
+          op[n] = dot_q4(qp + n * (K / 2), row_f32<S>(sp + n * (K / G), K / G, sb), row_f32<S>(mp + n * (K / G), K / G, mb),
+                         xp, xs, K, G);
+          return;
+        }
+        dequant_row_q4<S>(qp + n * (K / 2), sp + n * (K / G), mp + n * (K / G), K, G, row);
+        for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
+      }); })
+    AT_DISPATCH_CASE(at::kHalf, [&] { using S = c10::Half; const S* sp = scales.data_ptr<S>(); const S* mp = mins.data_ptr<S>();
+      return run_rows(xc, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
+        if (M == 1) {
+          float sb[kMaxGroups], mb[kMaxGroups];
+          op[n] = dot_q4(qp + n * (K / 2), row_f32<S>(sp + n * (K / G), K / G, sb), row_f32<S>(mp + n * (K / G), K / G, mb),
+                         xp, xs, K, G);
+          return;
+        }
+        dequant_row_q4<S>(qp + n * (K / 2), sp + n * (K / G), mp + n * (K / G), K, G, row);
+        for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
+      }); }));
+}
+
+at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(), "bf16_gemv: w must be contiguous bfloat16 [N, K], got ",
+              w.scalar_type(), " ", w.sizes());
+  const int64_t N = w.size(0), K = w.size(1);
+  check_common("bf16_gemv", x, K, N, bias);
+  const c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
+  return run_rows(x, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
+    if (M == 1) { op[n] = dot_bf16(wp + n * K, xp, K); return; }
+    dequant_row_bf16(wp + n * K, K, row);
+    for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
+  });
+}
+
+bool has_avx2() {
+#ifdef FUELPIPE_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(fuelpipe_kernels, m) {
+  m.def("q8_gemv(Tensor x, Tensor q, Tensor scales, Tensor? bias) -> Tensor");
+  m.def("q4_gemv(Tensor x, Tensor q, Tensor scales, Tensor mins, Tensor? bias) -> Tensor");
+  m.def("bf16_gemv(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("vector_path() -> str");
+}
+
+TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
+  m.impl("q8_gemv", q8_gemv);
+  m.impl("q4_gemv", q4_gemv);
+  m.impl("bf16_gemv", bf16_gemv);
+}
+
+TORCH_LIBRARY_IMPL(fuelpipe_kernels, CompositeExplicitAutograd, m) {
+  m.impl("vector_path", []() -> std::string { return has_avx2() ? "avx2" : "scalar"; });
+}

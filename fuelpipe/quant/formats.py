@@ -1,0 +1,154 @@
+"""Low-bit weight formats: the packed tensors, quantizing into them, and their readable meaning.
+
+A ``QuantSpec`` names a kind (``int8``, ``int4``, ``bf16``) and a group size;
+``PackedWeight`` holds one weight matrix in that form (layouts in
+``fuelpipe/kernels/quant_gemv.cpp``). ``dequantize`` is the reference: what
+the compiled kernels compute is ``F.linear(x, dequantize(p))`` up to the
+order of f32 additions, and the tests hold them to that.
+
+Quantizing from f32 (random weights, f32/bf16 checkpoints, and GGUF tensors
+whose blocks the kernels cannot use as they are):
+
+* int8: symmetric per group, ``scale = max|w| / 127``, ``q = round(w / scale)``
+  (GGUF Q8_0's rule at group size 32);
+* int4: asymmetric per group, ``scale = (max - min) / 15``, ``min = min``,
+  ``code = round((w - min) / scale)`` in 0..15 (GGUF Q4_1's rule at 32).
+
+Scales are stored as f16 (the GGUF convention) unless the source's scales
+need f32 to stay exact (K-quant sub-block scales).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from fuelpipe.errors import ConfigError
+
+
+class QuantKind(enum.Enum):
+    f32 = "f32"
+    bf16 = "bf16"
+    int8 = "int8"
+    int4 = "int4"
+
+    @property
+    def bits(self) -> int:
+        return {"f32": 32, "bf16": 16, "int8": 8, "int4": 4}[self.value]
+
+
+BLOCK = 32  # the kernels' block: a group is a whole number of blocks
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How a model's matrix weights are held: ``kind`` at ``group_size`` elements per scale."""
+
+    kind: QuantKind = QuantKind.f32
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, QuantKind):
+            object.__setattr__(self, "kind", QuantKind(self.kind))
+        if self.group_size < BLOCK or self.group_size % BLOCK:
+            raise ConfigError(f"weights.group_size must be a positive multiple of {BLOCK}, got {self.group_size}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind is not QuantKind.f32
+
+    def label(self) -> str:
+        if self.kind in (QuantKind.f32, QuantKind.bf16):
+            return self.kind.value
+        return f"{self.kind.value}/g{self.group_size}"
+
+
+@dataclass
+class PackedWeight:
+    """One [N, K] weight in a low-bit form. ``q``: int8 [N, K] | uint8 [N, K/2] (int4) | bf16 [N, K]."""
+
+    kind: QuantKind
+    q: torch.Tensor
+    scales: Optional[torch.Tensor] = None  # [N, K / G] f16 or f32 (int8, int4)
+    mins: Optional[torch.Tensor] = None  # [N, K / G] (int4)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.q.shape
+        return (n, k * 2) if self.kind is QuantKind.int4 else (n, k)
+
+    @property
+    def group_size(self) -> int:
+        return self.shape[1] // self.scales.shape[1] if self.scales is not None else 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.mins) if t is not None)
+
+
+def fits(spec: QuantSpec, k: int) -> bool:
+    """Whether a matrix with ``k`` input features can be held in ``spec``'s grouped form."""
+    return spec.kind in (QuantKind.f32, QuantKind.bf16) or k % spec.group_size == 0
+
+
+# ---- the reference -----------------------------------------------------------------------------
+
+def unpack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] in block order (byte j of a 32-block: element j low, j + 16 high) -> codes [N, K] uint8."""
+    n, half = q.shape
+    blocks = q.view(n, half // 16, 16)
+    return torch.cat((blocks & 0x0F, blocks >> 4), dim=-1).reshape(n, half * 2)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15 -> uint8 [N, K/2] in block order (inverse of ``unpack_int4``)."""
+    n, k = codes.shape
+    blocks = codes.to(torch.uint8).view(n, k // BLOCK, BLOCK)
+    return (blocks[..., :16] | (blocks[..., 16:] << 4)).reshape(n, k // 2).contiguous()
+
+
+def dequantize(p: PackedWeight) -> torch.Tensor:
+    """The f32 [N, K] matrix ``p`` stands for."""
+    return dequantize_rows(p.kind, p.q, p.scales, p.mins, p.shape[1], p.group_size)
+
+
+def dequantize_rows(kind: QuantKind, q: torch.Tensor, scales: Optional[torch.Tensor], mins: Optional[torch.Tensor],
+                    k: int, group_size: int) -> torch.Tensor:
+    """Rows of a packed matrix ([.., K] or [.., K/2] codes, [.., K/G] scales) -> f32 [.., K]. ``k`` and
+    ``group_size`` are plain ints, so an fx trace (a looked-up embedding row) records the same arithmetic."""
+    if kind is QuantKind.bf16:
+        return q.float()
+    s = scales.float().repeat_interleave(group_size, dim=-1)  # [.., K]
+    if kind is QuantKind.int8:
+        return q.float() * s
+    blocks = q.unflatten(-1, (k // BLOCK, 16))  # [.., K/32, 16]
+    codes = torch.cat((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2)  # [.., K] in 0..15
+    return codes.float() * s + mins.float().repeat_interleave(group_size, dim=-1)
+
+
+# ---- quantizing from f32 -----------------------------------------------------------------------
+
+def quantize(w: torch.Tensor, kind: QuantKind, group_size: int) -> PackedWeight:
+    """Quantize an f32/bf16 [N, K] matrix (K a multiple of ``group_size`` for the grouped kinds)."""
+    w = w.detach().float()
+    if kind is QuantKind.bf16:
+        return PackedWeight(kind, w.to(torch.bfloat16).contiguous())
+    n, k = w.shape
+    if k % group_size:
+        raise ConfigError(f"cannot hold a [{n}, {k}] weight at group size {group_size}: in_features must be a multiple of it")
+    groups = w.view(n, k // group_size, group_size)
+    if kind is QuantKind.int8:
+        amax = groups.abs().amax(-1)  # [N, K/G]
+        scale = (amax / 127.0).to(torch.float16)
+        inv = torch.where(scale.float() > 0, 1.0 / scale.float(), torch.zeros_like(amax))
+        q = torch.round(groups * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+        return PackedWeight(kind, q.view(n, k).contiguous(), scale.contiguous())
+    if kind is QuantKind.int4:
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15.0).to(torch.float16)
+        mins = lo.to(torch.float16)
+        inv = torch.where(scale.float() > 0, 1.0 / scale.float(), torch.zeros_like(lo))
+        codes = torch.round((groups - mins.float()[..., None]) * inv[..., None]).clamp_(0, 15)
+        return PackedWeight(kind, pack_int4(codes.view(n, k)), scale.contiguous(), mins.contiguous())
+    raise ConfigError(f"quantize: kind {kind.value!r} is not a quantized kind")

@@ -1,0 +1,208 @@
+"""Low-bit weights (fuelpipe.quant, fuelpipe.kernels): kernels against the readable reference, lossless
+use of a GGUF file's own blocks, the plan key, the quality oracle and its negative control, config errors."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+
+from fuelpipe.faults import Fault
+from fuelpipe.kernels.build import load, vector_path
+from fuelpipe.oracles.execute import execute
+from fuelpipe.oracles.registry import oracle
+from fuelpipe.quant.formats import (
+    PackedWeight, QuantKind, QuantSpec, dequantize, pack_int4, quantize, unpack_int4,
+)
+from fuelpipe.quant.gguf_blocks import packed_from_blocks
+from fuelpipe.quant.modules import QuantEmbedding, QuantLinear, quantize_model
+from models.registry import build_random_model
+
+KINDS = [QuantKind.int8, QuantKind.int4, QuantKind.bf16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    load()
+
+
+def _op(p: PackedWeight, x, bias=None):
+    ops = torch.ops.fuelpipe_kernels
+    if p.kind is QuantKind.int8:
+        return ops.q8_gemv(x, p.q, p.scales, bias)
+    if p.kind is QuantKind.int4:
+        return ops.q4_gemv(x, p.q, p.scales, p.mins, bias)
+    return ops.bf16_gemv(x, p.q, bias)
+
+
+def test_the_kernels_take_the_vector_path_on_an_avx2_cpu():
+    flags = open("/proc/cpuinfo").read()
+    want = "avx2" if all(f in flags for f in (" avx2", " fma", " f16c")) else "scalar"
+    assert vector_path() == want
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize("n,k,group", [(37, 64, 32), (96, 256, 64), (1536, 576, 32)])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_kernel_equals_linear_over_the_dequantized_matrix(kind, n, k, group, rows):
+    torch.manual_seed(n + k + rows)
+    w = torch.randn(n, k)
+    p = quantize(w, kind, group)
+    x = torch.randn(2, rows, k)  # [B, T, K]: leading dims kept
+    bias = torch.randn(n)
+    want = F.linear(x, dequantize(p), bias)
+    got = _op(p, x, bias)
+    assert got.shape == (2, rows, n)
+    scale = float(want.abs().max())
+    assert float((got - want).abs().max()) <= 2e-6 * scale * k ** 0.5
+
+
+@pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4])
+def test_kernel_takes_f32_scales_too(kind):
+    w, x = torch.randn(64, 128), torch.randn(1, 128)
+    p = quantize(w, kind, 32)
+    wide = PackedWeight(kind, p.q, p.scales.float(), None if p.mins is None else p.mins.float())
+    assert torch.allclose(_op(wide, x), _op(p, x), atol=1e-5)
+
+
+def test_kernel_result_does_not_depend_on_the_thread_count():
+    w, x = torch.randn(512, 256), torch.randn(1, 256)
+    p = quantize(w, QuantKind.int4, 32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _op(p, x)
+        torch.set_num_threads(2)
+        two = _op(p, x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_negative_control_a_wrong_scale_is_visible_to_the_kernel_test():
+    w, x = torch.randn(64, 64), torch.randn(1, 64)
+    p = quantize(w, QuantKind.int8, 32)
+    bad = PackedWeight(p.kind, p.q, p.scales * 2, None)
+    assert float((_op(bad, x) - F.linear(x, dequantize(p))).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("kind,bound", [(QuantKind.int8, 1 / 254), (QuantKind.int4, 1 / 30), (QuantKind.bf16, 2 ** -8)])
+def test_quantize_error_is_within_half_a_step(kind, bound):
+    w = torch.randn(64, 256)
+    err = (dequantize(quantize(w, kind, 32)) - w).abs()
+    groups = w.view(64, 8, 32)
+    span = (groups.amax(-1) - groups.amin(-1)) if kind is QuantKind.int4 else groups.abs().amax(-1)
+    allowed = span.repeat_interleave(32, dim=1) * bound * 1.05 + 1e-3 * (kind is not QuantKind.bf16)
+    if kind is QuantKind.bf16:
+        allowed = w.abs() * bound
+    assert bool((err <= allowed).all())
+
+
+def test_int4_packing_round_trips():
+    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(codes)), codes)
+
+
+@pytest.mark.parametrize("qtype,kind", [(Q.Q8_0, QuantKind.int8), (Q.Q4_1, QuantKind.int4), (Q.Q4_0, QuantKind.int4)])
+def test_gguf_blocks_are_kept_as_they_are(qtype, kind):
+    w = np.random.default_rng(0).normal(size=(6, 128)).astype(np.float32)
+    raw = gguf_quantize(w, qtype)
+    p = packed_from_blocks(raw, int(qtype), (6, 128), kind, 32)
+    assert p is not None and p.kind is kind
+    assert torch.equal(dequantize(p), torch.from_numpy(gguf_dequantize(raw, qtype)))
+
+
+def test_q4_k_blocks_are_kept_exactly():
+    rng = np.random.default_rng(1)
+    block, size = GGML_QUANT_SIZES[Q.Q4_K]
+    raw = rng.integers(0, 256, size=(4, 2 * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    blocks[:, 0:4] = rng.normal(size=(len(blocks), 2)).astype("<f2").view(np.uint8)
+    p = packed_from_blocks(raw, int(Q.Q4_K), (4, 2 * block), QuantKind.int4, 32)
+    assert torch.equal(dequantize(p), torch.from_numpy(gguf_dequantize(raw, Q.Q4_K)))
+
+
+def test_blocks_of_another_group_size_or_kind_are_not_taken_as_they_are():
+    raw = gguf_quantize(np.ones((2, 64), np.float32), Q.Q4_1)
+    assert packed_from_blocks(raw, int(Q.Q4_1), (2, 64), QuantKind.int4, 64) is None
+    assert packed_from_blocks(raw, int(Q.Q4_1), (2, 64), QuantKind.int8, 32) is None
+
+
+def _tiny(kind=QuantKind.int4, group=32, seed=0):
+    model = build_random_model("llama", "tiny", seed=seed)
+    quantize_model(model, QuantSpec(kind, group))
+    return model
+
+
+def test_quantize_model_packs_every_matrix_and_shares_a_tied_table():
+    model = _tiny()
+    assert isinstance(model.embed_tokens, QuantEmbedding) and model.embed_tokens.kind is QuantKind.int8
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert model.layers[0].mlp.up_proj.kind is QuantKind.int4
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.q is model.embed_tokens.q
+
+
+def test_the_weight_format_is_part_of_the_plan_key():
+    a, b, c = _tiny(QuantKind.int4), _tiny(QuantKind.int8), _tiny(QuantKind.int4, group=64)
+    assert a.structure()["weight_format"] == "int4/g32"
+    assert len({a.structure()["weight_format"], b.structure()["weight_format"], c.structure()["weight_format"]}) == 3
+    plain = build_random_model("llama", "tiny", seed=0)
+    before = plain.shape_key()
+    quantize_model(plain, QuantSpec(QuantKind.int8))
+    assert plain.shape_key() != before
+
+
+def test_a_held_plan_serves_a_quantized_model_once_and_sees_a_requantization():
+    from fuelpipe.context import InferenceContext
+
+    model = _tiny(QuantKind.int8)
+    ctx = InferenceContext(model)
+    ctx.generate([1, 2, 3], 6)
+    assert ctx.plan.stats.builds == 1  # one build for the whole generation: not over-keyed
+    quantize_model(model, QuantSpec(QuantKind.int4))  # no nn.Linear left: nothing changes...
+    model.layers[0].mlp.up_proj.scales.mul_(1.5)  # ...but an in-place write to a scale is seen
+    ctx.generate([1, 2, 3], 2)
+    assert ctx.plan.stats.builds == 2
+
+
+def _quality(model, dense, fault):
+    from fuelpipe.oracles.base import Setup
+    from fuelpipe.driver import PlanMode
+    from fuelpipe.plan.backends import BackendSpec
+
+    spec = oracle("quant_quality")
+    return execute(spec, model=model, setup=Setup(BackendSpec(), PlanMode.PLAN_ONCE), prompts=((1, 2, 3, 4), (9, 8)),
+                   new_tokens=6, max_seq_len=12, other_model=lambda: None, tolerance=None, control=fault,
+                   dense_model=dense)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_quality_oracle_passes_and_catches_a_wrong_scale(kind):
+    dense = lambda: build_random_model("llama", "tiny", seed=0)
+    model = _tiny(kind)
+    ok = _quality(model, dense, False)
+    assert ok.passed, ok.detail
+    assert ok.metric["positions"] == 12
+    bad = _quality(model, dense, True)
+    assert not bad.passed and bad.fault == Fault.QUANT_WRONG_SCALE.value, bad.detail
+
+
+def test_quality_oracle_skips_an_unquantized_model():
+    r = _quality(build_random_model("llama", "tiny", seed=0), None, False)
+    assert r.skipped and "not quantized" in r.detail
+
+
+@pytest.mark.parametrize("override,needle", [
+    (["weights.dtype=int4", "model.dtype=bfloat16"], "needs model.dtype=float32"),
+    (["weights.dtype=int8", "weights.group_size=48"], "multiple of 32"),
+    (["weights.dtype=int9"], "int9"),
+])
+def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "fuelpipe", "model=llama_tiny", *override,
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stdout + r.stderr

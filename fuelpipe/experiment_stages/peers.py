@@ -29,6 +29,11 @@ class PeersConfig:
     replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
     transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
     llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
+    # Low-bit rows (weights.dtype kinds): the same checkpoint packed at load, plan_once on a contiguous
+    # cache for each of ``quantized_backends``, beside llama.cpp Q8_0 (written from the F32 file) and the
+    # original file. Their greedy agreement with the reference is reported like every row's.
+    quantized: List[str] = field(default_factory=lambda: ["int8", "int4"])
+    quantized_backends: List[str] = field(default_factory=lambda: ["fx", "inductor"])
     record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
 
 
@@ -45,6 +50,8 @@ def validate(p) -> list[str]:
         ("plans", p.plans, [m.value for m in PlanMode]),
         ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
         ("transformers", p.transformers, TransformersSystem.MODES),
+        ("quantized", p.quantized, ["bf16", "int8", "int4"]),
+        ("quantized_backends", p.quantized_backends, BACKENDS),
     ):
         for v in values:
             if v not in allowed:

@@ -108,8 +108,8 @@ def run(inp: OracleInput) -> OracleResult:
     ):
         if not ok:
             failures.append(f"{label}={value:.4g} (allowed {'>=' if label in ('top1', 'greedy_agree') else '<='} {bound})")
-    metric = {"kind": fmt.label(), "top1": round(top1, 4), "max_err": round(worst_max, 4),
-              "mean_err": round(worst_mean, 4), "kl": round(worst_kl, 5), "greedy_agree": round(greedy, 3),
+    metric = {"kind": fmt.label(), "top1": round(top1, 4), "max_err": float(f"{worst_max:.3g}"),
+              "mean_err": float(f"{worst_mean:.3g}"), "kl": float(f"{worst_kl:.3g}"), "greedy_agree": round(greedy, 3),
               "top1_all": round(agree_all / total_all, 4), "decisive": total, "positions": total_all, "prompts": len(inp.prompts)}
     bounds = (f"{kind} tolerances: top1>={top1_min} max_err<={max_err_max} mean_err<={mean_err_max} "
               f"kl<={kl_max} greedy_agree>={greedy_min} (errors relative to the f32 logits' std)")

@@ -60,6 +60,7 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
                 cap = p.replan_new_tokens.get(backend) if plan == "replan" else None
                 spec = dataclasses.replace(asm.setup.backend, name=backend)  # the configured passes and cache policy
                 systems.append(FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap))
+    systems += quantized_systems(cfg, asm)
     path = checkpoint_gguf(cfg.model)
     shared: dict = {}
     for mode in p.transformers:
@@ -70,16 +71,50 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
     if p.llama_cpp:
         n_ctx = p.prompt_tokens + p.new_tokens + 8
         f32 = LlamaCppSystem(None, "F32", "f32", torch.get_num_threads(), n_ctx)
-        orig = LlamaCppSystem(path, "Q4_1 (original file)", "q4_1", torch.get_num_threads(), n_ctx)
+        orig = LlamaCppSystem(path, f"{_file_type(path)} (original file)", _file_type(path).lower(),
+                              torch.get_num_threads(), n_ctx)
+        q8 = LlamaCppSystem(None, "Q8_0 (from the F32 file)", "q8_0", torch.get_num_threads(), n_ctx)
         if path is None:
-            f32.missing = orig.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
+            f32.missing = orig.missing = q8.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
         elif not f32.missing:
-            from fuelpipe.bench.peers.f32_gguf import f32_gguf_path
+            from fuelpipe.bench.peers.f32_gguf import f32_gguf_path, q8_0_gguf_path
             from fuelpipe.weights.named import cache_dir
 
             f32.path = f32_gguf_path(path, cache_dir())
-        systems += [f32, orig]
+            q8.path = q8_0_gguf_path(f32.path)
+        systems += [f32, orig] + ([q8] if p.quantized else [])
     return systems
+
+
+def _file_type(path: Optional[Path]) -> str:
+    """The GGUF's dominant matrix type (Q4_1 for the shipped SmolLM2), for the original-file row's name."""
+    if path is None:
+        return "original"
+    from collections import Counter
+
+    from fuelpipe.weights.gguf_file import GgufFile
+
+    f = GgufFile(path)
+    kinds = Counter(t.type_name for t in f.tensors.values() if len(t.shape) == 2)
+    return kinds.most_common(1)[0][0] if kinds else "original"
+
+
+def quantized_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
+    """fuelpipe rows on the same checkpoint packed at load, one model per kind (see PeersConfig.quantized)."""
+    from fuelpipe.quant.formats import QuantKind, QuantSpec
+    from fuelpipe.runner.assemble import build_model
+
+    p = cfg.experiment.peers
+    out: list[PeerSystem] = []
+    kv = KvSpec(layout="contiguous", block_size=cfg.kv.block_size or 16)
+    for kind in p.quantized:
+        spec = QuantSpec(QuantKind(kind), int(cfg.weights.group_size))
+        model = build_model(cfg.model, asm.device, seed=cfg.model.seed, quant=spec)
+        for backend in p.quantized_backends:
+            s = FuelpipeSystem(model, dataclasses.replace(asm.setup.backend, name=backend), "plan_once", kv)
+            s.name, s.weights = f"{s.name} {spec.label()}", spec.label()
+            out.append(s)
+    return out
 
 
 def peer_versions() -> dict:
@@ -176,7 +211,8 @@ def best_fuelpipe(rows: list[dict], peers: list[str]) -> Optional[dict]:
     the others are listed apart, for reference.
     """
     ok = [r for r in rows if r.get("group") == "fuelpipe" and r.get("status") == "ok" and " plan_once " in r["system"]
-          and r.get("tokens_match_reference") is not False]
+          and r.get("tokens_match_reference") is not False
+          and r.get("over_floor") is not None]  # the floor's arithmetic: quantized rows stand apart
     if not ok:
         return None
     best = min(ok, key=lambda r: r["ms_per_token"])

@@ -55,3 +55,30 @@ def f32_gguf_path(source: Path, cache: Path) -> Path:
     tmp.replace(target)
     stamp.write_text(json.dumps(want))
     return target
+
+
+Q8_0_FILE_TYPE = 7  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q8_0
+
+
+def q8_0_gguf_path(f32_path: Path) -> Path:
+    """llama.cpp's own Q8_0 quantization of the F32 twin (its quantizer, its recipe), written once beside it."""
+    import ctypes
+
+    import llama_cpp
+
+    target = f32_path.with_name(f32_path.name.replace(".F32.", ".Q8_0."))
+    stamp = target.with_name(target.name + ".source.json")
+    st = f32_path.stat()
+    want = {"source": str(f32_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if target.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == want:
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = Q8_0_FILE_TYPE
+    rc = llama_cpp.llama_model_quantize(str(f32_path).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not quantize {f32_path} to Q8_0 (return code {rc})")
+    tmp.replace(target)
+    stamp.write_text(json.dumps(want))
+    return target

@@ -64,7 +64,7 @@ def markdown(doc: dict) -> str:
     best = doc.get("best_fuelpipe")
     if best:
         lines += ["", "**Best fuelpipe plan_once:** " + best["system"] + f" at {best['ms_per_token']:.1f} ms/token, "
-                  f"{best['over_floor']:.2f}x the floor; " + ("; ".join(best["verdicts"]) or "no peer ran") + "."]
+                  f"{_f(best['over_floor'], '{:.2f}')}x the floor; " + ("; ".join(best["verdicts"]) or "no peer ran") + "."]
         if best.get("other_arithmetic"):
             lines.append("Against peers computing something else (their tokens differ; for reference only): "
                          + "; ".join(best["other_arithmetic"]) + ".")

@@ -105,9 +105,74 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
         for node in nodes:
             gm.graph.erase_node(node)
         fused += 1
+    fused += _fuse_packed_siblings(gm)
     gm.graph.lint()
     gm.recompile()
     return fused
+
+
+def _packed_ops() -> dict:
+    """Packed low-bit matrix operators (fuelpipe.kernels) -> the positions of their weight tensors."""
+    ns = getattr(torch.ops, "fuelpipe_kernels", None)
+    out = {}
+    for name, weights in (("q8_gemv", (1, 2)), ("q4_gemv", (1, 2, 3)), ("bf16_gemv", (1,))):
+        try:
+            out[getattr(ns, name).default] = weights
+        except (AttributeError, RuntimeError):
+            pass
+    return out
+
+
+def _fuse_packed_siblings(gm: fx.GraphModule) -> int:
+    """Packed matrices reading one input (q/k/v, gate/up of a quantized model) become one call.
+
+    Their packed buffers are concatenated along the output rows (copies shared through
+    ``derived_weights``), so every sibling group costs one kernel call instead of several.
+    Only groups with the same operator, no bias and equal group sizes are fused.
+    """
+    ops = _packed_ops()
+    groups: dict[tuple, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in ops or node.kwargs:
+            continue
+        positions = ops[node.target]
+        if node.args[-1] is not None or not all(isinstance(node.args[i], fx.Node) and node.args[i].op == "get_attr"
+                                                for i in positions):
+            continue
+        tensors = [_attr(gm, node.args[i].target) for i in positions]
+        shape_of = tuple((t.shape[1:], t.dtype) for t in tensors)
+        groups.setdefault((node.target, node.args[0], shape_of), []).append(node)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    fused = 0
+    for (op, src, _), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        nodes.sort(key=order.__getitem__)
+        positions = ops[op]
+        sizes = [_attr(gm, n.args[1].target).shape[0] for n in nodes]
+        new_args = list(nodes[0].args)
+        for i in positions:
+            parts = [_attr(gm, n.args[i].target) for n in nodes]
+            name = f"fused_packed_{fused}_{i}"
+            gm.register_buffer(name, derived("fused", parts, lambda parts=parts: torch.cat([t.detach() for t in parts])))
+            with gm.graph.inserting_before(nodes[0]):
+                new_args[i] = gm.graph.get_attr(name)
+        with gm.graph.inserting_before(nodes[0]):
+            out = gm.graph.call_function(op, tuple(new_args))
+            split = gm.graph.call_function(torch.split, (out, sizes), {"dim": -1})
+            for j, node in enumerate(nodes):
+                node.replace_all_uses_with(gm.graph.call_function(operator.getitem, (split, j)))
+        for node in nodes:
+            gm.graph.erase_node(node)
+        fused += 1
+    return fused
+
+
+def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def split_linears_across_threads(gm: fx.GraphModule) -> int:

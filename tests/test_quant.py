@@ -206,3 +206,34 @@ def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path)
                         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stdout + r.stderr
+
+
+def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
+    """fuse_sibling_linears on a quantized model: q/k/v and gate/up become one kernel call each."""
+    import torch.fx as fx
+
+    from fuelpipe.context import InferenceContext
+    from fuelpipe.plan.backends import BackendSpec
+    from fuelpipe.plan.fx_passes import _fuse_packed_siblings
+
+    model = _tiny(QuantKind.int4)
+    calls = lambda gm: sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                           and n.target in (torch.ops.fuelpipe_kernels.q4_gemv.default, torch.ops.fuelpipe_kernels.q8_gemv.default))
+    gm = fx.symbolic_trace(_QkvProbe(model))
+    before = calls(gm)
+    assert _fuse_packed_siblings(gm) == 1 and calls(gm) == before - 2  # q, k, v -> one
+    fast = InferenceContext(model).generate([1, 2, 3], 6, keep_logits=True)
+    ref = InferenceContext(_tiny(QuantKind.int4), BackendSpec(name="eager")).generate([1, 2, 3], 6, keep_logits=True)
+    assert fast.tokens == ref.tokens
+    assert all(torch.equal(a, b) for a, b in zip(fast.logits, ref.logits))  # each row's dot is unchanged
+
+
+class _QkvProbe(torch.nn.Module):
+    """The first layer's q/k/v projections of ``model`` on one input: three packed siblings."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.attn = model.layers[0].self_attn
+
+    def forward(self, x):
+        return self.attn.q_proj(x), self.attn.k_proj(x), self.attn.v_proj(x)

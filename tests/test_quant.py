@@ -237,3 +237,27 @@ class _QkvProbe(torch.nn.Module):
 
     def forward(self, x):
         return self.attn.q_proj(x), self.attn.k_proj(x), self.attn.v_proj(x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_main_job_runs_on_quantized_smollm2(kind, tmp_path):
+    """The README's main command with ``weights.dtype``: generation, every oracle (quant_quality included), the bench."""
+    import json
+    import re
+
+    from conftest import run_cli
+    from fuelpipe.oracles.registry import ORACLES
+    from fuelpipe.results import schema_problems
+
+    proc = run_cli(f"weights.dtype={kind}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, default_model=True,
+                   timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ORACLES:
+        verdict = "SKIP" if name == "plan_cache" else "PASS"
+        assert re.search(rf"^{name}\s+{verdict}\s", proc.stdout, re.M), proc.stdout
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert schema_problems(doc) == [] and doc["status"] == "ok"
+    quality = next(o for o in doc["oracles"] if o["name"] == "quant_quality")
+    assert quality["metric"]["kind"] == f"{kind}/g32" and quality["metric"]["positions"] > 0
+    assert doc["generation"]["text"].strip()

@@ -567,11 +567,20 @@ def load_model(
     unique = {id(p): p for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]}.values()
     report = LoadReport(
         source=path, format=fmt, architecture=arch, family=model.family, config=config, dtype=dtype,
-        n_params=sum(p.numel() for p in unique), weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
+        n_params=_logical_params(model), weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
         tensor_types=types, timings_s=times, load_s=load_s, rss_before_mb=rss_before, peak_rss_mb=_peak_rss_mb(),
         peak_is_process_lifetime=not exact_peak,
     )
     return LoadedModel(model, tokenizer, report)
+
+
+def _logical_params(model: torch.nn.Module) -> int:
+    """Parameters as the matrices they stand for: a packed low-bit matrix counts out x in, once."""
+    from fuelpipe.quant.modules import _Packed
+
+    packed = {id(m.q): m.out_features * m.in_features for m in model.modules() if isinstance(m, _Packed)}
+    plain = {id(p): p.numel() for p in model.parameters()}
+    return sum(packed.values()) + sum(plain.values())
 
 
 def load_named(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -171,6 +171,63 @@ float dot_q4(const uint8_t* q, const float* s, const float* mn, const float* x, 
 #endif
 }
 
+#ifdef FUELPIPE_AVX2
+inline float h2f(const c10::Half* s, int64_t i) { return _cvtsh_ss(reinterpret_cast<const uint16_t*>(s)[i]); }  // F16C
+inline float h2f(const float* s, int64_t i) { return s[i]; }
+
+// Group size 32 (every GGUF block, and the default): one scale per block, applied to the block's
+// partial sum, with two alternating accumulators and no division in the row loop. Measured 1.25-1.36x
+// faster than the general form below on SmolLM2's shapes here (one process, A/B), so decode takes it
+// whenever it can.
+template <typename S>
+inline float q8_row32(const int8_t* q, const S* s, const float* x, int64_t nb) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const int8_t* qb = q + b * 32; const float* xb = x + b * 32;
+    __m256 p0 = _mm256_mul_ps(bytes8_s(qb), _mm256_loadu_ps(xb));
+    __m256 p1 = _mm256_mul_ps(bytes8_s(qb + 8), _mm256_loadu_ps(xb + 8));
+    p0 = _mm256_fmadd_ps(bytes8_s(qb + 16), _mm256_loadu_ps(xb + 16), p0);
+    p1 = _mm256_fmadd_ps(bytes8_s(qb + 24), _mm256_loadu_ps(xb + 24), p1);
+    a0 = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(h2f(s, b)), a0);
+    __m256 r0 = _mm256_mul_ps(bytes8_s(qb + 32), _mm256_loadu_ps(xb + 32));
+    __m256 r1 = _mm256_mul_ps(bytes8_s(qb + 40), _mm256_loadu_ps(xb + 40));
+    r0 = _mm256_fmadd_ps(bytes8_s(qb + 48), _mm256_loadu_ps(xb + 48), r0);
+    r1 = _mm256_fmadd_ps(bytes8_s(qb + 56), _mm256_loadu_ps(xb + 56), r1);
+    a1 = _mm256_fmadd_ps(_mm256_add_ps(r0, r1), _mm256_set1_ps(h2f(s, b + 1)), a1);
+  }
+  for (; b < nb; ++b) {
+    const int8_t* qb = q + b * 32; const float* xb = x + b * 32;
+    __m256 p0 = _mm256_mul_ps(bytes8_s(qb), _mm256_loadu_ps(xb));
+    __m256 p1 = _mm256_mul_ps(bytes8_s(qb + 8), _mm256_loadu_ps(xb + 8));
+    p0 = _mm256_fmadd_ps(bytes8_s(qb + 16), _mm256_loadu_ps(xb + 16), p0);
+    p1 = _mm256_fmadd_ps(bytes8_s(qb + 24), _mm256_loadu_ps(xb + 24), p1);
+    a0 = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(h2f(s, b)), a0);
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+template <typename S>
+inline float q4_row32(const uint8_t* q, const S* s, const S* mn, const float* x, const float* xsum, int64_t nb) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  float macc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* qb = q + b * 16; const float* xb = x + b * 32;
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb));
+    const __m128i lo = _mm_and_si128(raw, low);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    __m256 p0 = _mm256_mul_ps(bytes8_u(lo), _mm256_loadu_ps(xb));
+    __m256 p1 = _mm256_mul_ps(bytes8_u(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xb + 8));
+    p0 = _mm256_fmadd_ps(bytes8_u(hi), _mm256_loadu_ps(xb + 16), p0);
+    p1 = _mm256_fmadd_ps(bytes8_u(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xb + 24), p1);
+    if (b & 1) a1 = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(h2f(s, b)), a1);
+    else a0 = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(h2f(s, b)), a0);
+    macc += h2f(mn, b) * xsum[b];
+  }
+  return hsum(_mm256_add_ps(a0, a1)) + macc;
+}
+#endif
+
 float dot_bf16(const c10::BFloat16* w, const float* x, int64_t K) {
 #ifdef FUELPIPE_AVX2
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -248,16 +305,31 @@ at::Tensor q8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   const int64_t G = K / scales.size(1);
   check_scales("q8_gemv", scales, N, K, G);
   const int8_t* qp = q.data_ptr<int8_t>();
+  const int64_t KG = K / G;
   return AT_DISPATCH_SWITCH(scales.scalar_type(), "q8_gemv",
     AT_DISPATCH_CASE(at::kFloat, [&] { using S = float; const S* sp = scales.data_ptr<S>();
       return run_rows(x, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
-        if (M == 1) { float sb[kMaxGroups]; op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * (K / G), K / G, sb), xp, K, G); return; }
+        if (M == 1) {
+#ifdef FUELPIPE_AVX2
+          if (G == 32) { op[n] = q8_row32<S>(qp + n * K, sp + n * KG, xp, KG); return; }
+#endif
+          float sb[kMaxGroups];
+          op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * KG, KG, sb), xp, K, G);
+          return;
+        }
         dequant_row_q8<S>(qp + n * K, sp + n * (K / G), K, G, row);
         for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
       }); })
     AT_DISPATCH_CASE(at::kHalf, [&] { using S = c10::Half; const S* sp = scales.data_ptr<S>();
       return run_rows(x, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
-        if (M == 1) { float sb[kMaxGroups]; op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * (K / G), K / G, sb), xp, K, G); return; }
+        if (M == 1) {
+#ifdef FUELPIPE_AVX2
+          if (G == 32) { op[n] = q8_row32<S>(qp + n * K, sp + n * KG, xp, KG); return; }
+#endif
+          float sb[kMaxGroups];
+          op[n] = dot_q8(qp + n * K, row_f32<S>(sp + n * KG, KG, sb), xp, K, G);
+          return;
+        }
         dequant_row_q8<S>(qp + n * K, sp + n * (K / G), K, G, row);
         for (int64_t m = 0; m < M; ++m) op[m * N + n] = dot_f32(row, xp + m * K, K);
       }); }));
@@ -286,10 +358,14 @@ at::Tensor q4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   }
   const float* xs = xsum.data();
   const uint8_t* qp = q.data_ptr<uint8_t>();
+  const int64_t KG = K / G;
   return AT_DISPATCH_SWITCH(scales.scalar_type(), "q4_gemv",
     AT_DISPATCH_CASE(at::kFloat, [&] { using S = float; const S* sp = scales.data_ptr<S>(); const S* mp = mins.data_ptr<S>();
       return run_rows(xc, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
         if (M == 1) {
+#ifdef FUELPIPE_AVX2
+          if (G == 32) { op[n] = q4_row32<S>(qp + n * (K / 2), sp + n * KG, mp + n * KG, xp, xs, KG); return; }
+#endif
           float sb[kMaxGroups], mb[kMaxGroups];
           op[n] = dot_q4(qp + n * (K / 2), row_f32<S>(sp + n * (K / G), K / G, sb), row_f32<S>(mp + n * (K / G), K / G, mb),
                          xp, xs, K, G);
@@ -301,6 +377,9 @@ at::Tensor q4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
     AT_DISPATCH_CASE(at::kHalf, [&] { using S = c10::Half; const S* sp = scales.data_ptr<S>(); const S* mp = mins.data_ptr<S>();
       return run_rows(xc, N, K, bias, [&](int64_t n, const float* xp, int64_t M, float* op, float* row) {
         if (M == 1) {
+#ifdef FUELPIPE_AVX2
+          if (G == 32) { op[n] = q4_row32<S>(qp + n * (K / 2), sp + n * KG, mp + n * KG, xp, xs, KG); return; }
+#endif
           float sb[kMaxGroups], mb[kMaxGroups];
           op[n] = dot_q4(qp + n * (K / 2), row_f32<S>(sp + n * (K / G), K / G, sb), row_f32<S>(mp + n * (K / G), K / G, mb),
                          xp, xs, K, G);

@@ -25,6 +25,7 @@ SOURCE = Path(__file__).with_name("quant_gemv.cpp")
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 _LOADED: dict[str, str] = {}
+_READY: list[str] = []  # the library loaded in this process: later calls return at once (no digest)
 
 
 class KernelBuildError(FuelpipeError):
@@ -46,13 +47,18 @@ def build_digest() -> str:
 
 
 def load() -> str:
-    """Build (first time on this machine) and load the operators; returns the library path."""
+    """Build (first time on this machine) and load the operators; returns the library path.
+
+    Cheap after the first call in a process: an eager quantized module calls it on every forward."""
+    if _READY:
+        return _READY[0]
     digest = build_digest()
     with _LOCK:
         if digest in _LOADED:
             return _LOADED[digest]
         if hasattr(torch.ops, LIBRARY) and _has_ops():
             _LOADED[digest] = "already loaded"
+            _READY.append(_LOADED[digest])
             return _LOADED[digest]
         from torch.utils import cpp_extension
 
@@ -69,6 +75,7 @@ def load() -> str:
                 f"{type(e).__name__}: {str(e)[-2000:]}") from e
         _LOADED[digest] = str(path)
         _register_fakes()
+        _READY.append(_LOADED[digest])
         return _LOADED[digest]
 
 

@@ -169,10 +169,7 @@ def _fuse_packed_siblings(gm: fx.GraphModule) -> int:
 
 
 def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return operator.attrgetter(target)(gm)  # a get_attr node's dotted target
 
 
 def split_linears_across_threads(gm: fx.GraphModule) -> int:

@@ -34,10 +34,6 @@ class QuantKind(enum.Enum):
     int8 = "int8"
     int4 = "int4"
 
-    @property
-    def bits(self) -> int:
-        return {"f32": 32, "bf16": 16, "int8": 8, "int4": 4}[self.value]
-
 
 BLOCK = 32  # the kernels' block: a group is a whole number of blocks
 

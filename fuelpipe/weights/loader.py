@@ -260,7 +260,7 @@ def _matrix_targets(model: torch.nn.Module, quant) -> dict[str, bool]:
     return out
 
 
-def _packed_from_file(f, info, p: "_Planned", config, quant, vocabulary: bool):
+def _packed_from_file(path: Path, f, info, p: "_Planned", config, quant, vocabulary: bool):
     """One matrix of the file in the packed form ``quant`` asks for: its own blocks when usable, else quantized."""
     from fuelpipe.quant import gguf_blocks
     from fuelpipe.quant.formats import quantize
@@ -274,14 +274,10 @@ def _packed_from_file(f, info, p: "_Planned", config, quant, vocabulary: bool):
         if perm is not None:
             return gguf_blocks.permute_rows(packed, perm), True
     w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))
-    check_finite(path_of(f), p.source, w)
+    check_finite(path, p.source, w)
     if p.transform is not None:
         w = p.transform(w, config)
     return quantize(w, kind, quant.group_size), False
-
-
-def path_of(f) -> Path:
-    return Path(getattr(f, "path", "<gguf>"))
 
 
 def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float], quant=None):
@@ -328,7 +324,7 @@ def load_gguf(path: Path, dtype: torch.dtype, report_times: dict[str, float], qu
         if p.target in matrices:
             # Packed straight from the file, one tensor at a time: the f32 model never exists.
             if p.target not in packed:
-                packed[p.target], kept = _packed_from_file(f, info, p, config, quant, matrices[p.target])
+                packed[p.target], kept = _packed_from_file(path, f, info, p, config, quant, matrices[p.target])
                 as_is += kept
             continue
         w = torch.from_numpy(dequant.dequantize(f.raw(info), info.ggml_type, info.shape))

@@ -26,6 +26,7 @@ from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.kv.sizes import check_size
 from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.prefill_program import PrefillPlans
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
 from fuelpipe.sampling import Sampler, greedy
@@ -67,7 +68,7 @@ class InferenceContext:
         self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, fault)
         self._rope_plan = model.rope_plan
         self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self._prefill_steps: dict[str, torch.nn.Module] = {}
+        self.prefill_plans = PrefillPlans(spec)  # the prompt step as a held program (eager backend: eager)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -80,7 +81,7 @@ class InferenceContext:
         if not isinstance(model, DecodeBackbone):
             raise ConfigError(f"switch_model needs a DecodeBackbone model, got {type(model).__name__}")
         self.model = model
-        self._prefill_steps = {}
+        self.prefill_plans.drop()
         self._rope_plan = model.rope_plan
         self._tables = None
         p = next(model.parameters())
@@ -218,14 +219,13 @@ class InferenceContext:
             write_index=cache.write_index(start, n), block_table=cache.block_table(),
         )
 
-    def _prefill_step(self, kind: str) -> torch.nn.Module:
-        if kind not in self._prefill_steps:
-            self._prefill_steps[kind] = step_module_for(self.model, kind)
-        return self._prefill_steps[kind]
+    def _prefill_step(self, kind: str):
+        return self.prefill_plans.step(self.model, kind, lambda: step_module_for(self.model, kind))
 
     @torch.no_grad()
     def prefill(self, cache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """Run the prompt through the eager step (T positions at once). Returns last logits [1, vocab] f32."""
+        """Run the prompt (T positions at once) through the held prompt program (``fuelpipe.plan.prefill_program``;
+        the eager step on the eager backend). Returns last logits [1, vocab] f32."""
         ids = _as_ids(token_ids)
         host = self._host(cache, ids)
         kind = step_kind_for(cache, self.offset_mode)

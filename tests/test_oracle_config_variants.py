@@ -112,10 +112,21 @@ def test_interleaved_split_permutes_the_outputs(shape):
 
 def test_passes_under_swaps_only_the_faulty_pass():
     assert passes_under(Fault.NONE, DEFAULT_PASSES) == DEFAULT_PASSES
-    swapped = passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_PASSES)
+    explicit = ("fuse_sibling_linears", "split_linears_across_threads", "pack_linears_into_panels",
+                "eliminate_dead_code_keeping_writes")
+    swapped = passes_under(Fault.SPLIT_PARTS_INTERLEAVED, explicit)
     assert swapped == ("fuse_sibling_linears", "split_linears_across_threads_interleaved",
-                       "eliminate_dead_code_keeping_writes")
+                       "pack_linears_into_panels_misordered", "eliminate_dead_code_keeping_writes")
     assert passes_under(Fault.SPLIT_PARTS_INTERLEAVED, swapped) == swapped  # idempotent
+
+
+def test_the_measured_pass_is_checked_as_each_explicit_form():
+    """A form the measurement did not pick on this machine still runs (another CPU may pick it)."""
+    sets = config_variants.pass_sets(DEFAULT_PASSES, on_cpu=True)
+    assert set(sets) == {"split_linears_across_threads", "pack_linears_into_panels"}
+    for form, passes in sets.items():
+        assert "measured_linears" not in passes and form in passes
+    assert config_variants.pass_sets(DEFAULT_PASSES, on_cpu=False) == {"": DEFAULT_PASSES}
 
 
 def test_a_config_naming_the_faulty_pass_is_refused(compose_cfg):

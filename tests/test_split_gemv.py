@@ -5,6 +5,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from fuelpipe.context import InferenceContext
+from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.fx_passes import fuse_sibling_linears, split_linears_across_threads
 from fuelpipe.plan.split_gemv import (
     MIN_SPLIT_ELEMENTS,
@@ -16,6 +17,9 @@ from fuelpipe.plan.split_gemv import (
 )
 from fuelpipe.step import step_module_for
 from models.registry import build_random_model
+
+# The split pass explicitly (the default lets the measured pass choose among the forms).
+SPLIT = BackendSpec("fx", ("fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes"))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,7 @@ def test_pass_is_a_no_op_on_one_thread(wide_llama, threads):
 def test_a_plan_split_for_two_threads_computes_the_same_on_one(wide_llama, threads):
     """The part count is fixed at build; running on another thread count changes speed, not the answer."""
     threads(2)
-    ctx = InferenceContext(wide_llama, "fx")
+    ctx = InferenceContext(wide_llama, SPLIT)
     cache = ctx.new_cache(16)
     ctx.prefill(cache, [1, 2, 3])
     ctx.decode(cache, 4)
@@ -136,7 +140,7 @@ def test_in_place_weight_update_rebuilds_a_plan_holding_split_copies(wide_llama,
         "llama", "tiny", seed=3, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
         num_key_value_heads=4, num_hidden_layers=1, vocab_size=4096,
     )
-    ctx = InferenceContext(model, "fx")
+    ctx = InferenceContext(model, SPLIT)
     cache = ctx.new_cache(16)
     ctx.prefill(cache, [1, 2, 3])
     ctx.decode(cache, 4)
@@ -171,9 +175,9 @@ def test_plan_once_with_the_split_is_bit_identical_to_replan(wide_llama, threads
     threads(2)
     outs = []
     for plan in ("plan_once", "replan"):
-        ctx = InferenceContext(wide_llama, "fx", plan)
+        ctx = InferenceContext(wide_llama, SPLIT, plan)
         cache = ctx.new_cache(16)
         ctx.prefill(cache, [1, 2, 3])
         outs.append(torch.stack([ctx.decode(cache, t)[0] for t in (4, 5, 6)]))
     assert torch.equal(outs[0], outs[1])
-    assert InferenceContext(wide_llama, "fx").plan.spec.fx_passes.count("split_linears_across_threads") == 1
+    assert InferenceContext(wide_llama, SPLIT).plan.spec.fx_passes.count("split_linears_across_threads") == 1

@@ -97,9 +97,15 @@ class ContinuousBatcher:
 
     def __init__(self, ctx: InferenceContext, kv, spec: BatchSpec | int | None = None, *,
                  keep_logits: bool = False,
-                 on_token: Optional[Callable[[int, int], None]] = None) -> None:
+                 on_token: Optional[Callable[[int, int], None]] = None,
+                 decoder: Optional[BatchDecoder] = None) -> None:
+        """``decoder``: a ``BatchDecoder`` over the same ``kv`` to serve through (a server's long-lived one,
+        whose bucket plans are already built); by default a new one."""
         self.ctx, self.kv = ctx, kv
-        self.decoder = BatchDecoder(ctx, kv, spec)
+        if decoder is not None and (decoder.kv is not kv or decoder.ctx is not ctx):
+            raise InputError("ContinuousBatcher: the given decoder serves another cache or context; "
+                             "pass the kv and ctx it was built with")
+        self.decoder = decoder if decoder is not None else BatchDecoder(ctx, kv, spec)
         self.keep_logits = keep_logits
         self.on_token = on_token  # (request index, token)
         self.results: list[RequestResult] = []

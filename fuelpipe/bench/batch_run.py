@@ -39,7 +39,7 @@ def build_systems(c, cfg, asm, max_len: int) -> list[BatchSystem]:
         kv = KvSpec(layout="latent" if asm.model.latent_slots is not None else layout, block_size=cfg.kv.block_size or 16)
         for backend in c.backends:
             spec = dataclasses.replace(asm.setup.backend, name=backend)
-            systems.append(FuelpipeBatch(asm.model, spec, kv, max(c.batch_sizes)))
+            systems.append(FuelpipeBatch(asm.model, spec, kv, max(c.batch_sizes), max_len))
     path = checkpoint_gguf(cfg.model)
     shared: dict = {}
     systems += [TransformersBatch(path, mode, shared) for mode in c.transformers]
@@ -205,7 +205,6 @@ def continuous_run(system: FuelpipeBatch, r, prompts: list[list[int]], tick) -> 
         arrivals.append(t)
         t += gen.expovariate(r.arrival_rate)
     requests = [Request(tuple(prompts[i % len(prompts)]), outs[i], name=str(i)) for i in range(r.requests)]
-    width = max(len(p) for p in prompts) + max(outs, default=1)
     done_at: dict[int, float] = {}
     batcher: Optional[ContinuousBatcher] = None
 
@@ -214,8 +213,7 @@ def continuous_run(system: FuelpipeBatch, r, prompts: list[list[int]], tick) -> 
         if len(res.tokens) >= res.request.max_new_tokens:  # its last token (greedy, no stop ids)
             done_at[index] = time.perf_counter()
 
-    batcher = ContinuousBatcher(system.ctx, system.kv.new_batch(system.ctx, system.spec.max_batch, width), system.spec,
-                                on_token=on_token)
+    batcher = system.batcher(on_token=on_token)  # the timed passes' cache and plans: serving, not building
     t0 = time.perf_counter()
     submitted = 0
     while True:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request
+from fuelpipe.batch.decoder import BatchDecoder
 from fuelpipe.bench.peers.systems import shared_hf_model, transformers_missing
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
@@ -60,16 +61,32 @@ class BatchSystem:
 class FuelpipeBatch(BatchSystem):
     group = "fuelpipe"
 
-    def __init__(self, model, backend: BackendSpec, kv: KvSpec, max_batch: int) -> None:
+    def __init__(self, model, backend: BackendSpec, kv: KvSpec, max_batch: int, width: int) -> None:
         self.model, self.backend, self.kv = model, backend, kv
         self.spec = BatchSpec(max_batch)
+        self.width = width  # positions per row: the longest prompt plus the most new tokens of any call
         self.name = f"fuelpipe {backend.name} {kv.layout}"
         self.ctx = InferenceContext(model, backend, PlanMode.PLAN_ONCE)
         self.last: Optional[ContinuousBatcher] = None
+        self.cache = self.decoder = None
+
+    def setup(self) -> None:
+        """One batch cache and one decoder for every call, as a server keeps them: bucket plans are built in
+        the warm-up pass and reused by the timed ones (a call with fresh caches would rebuild them)."""
+        self.cache = self.kv.new_batch(self.ctx, self.spec.max_batch, self.width)
+        self.decoder = BatchDecoder(self.ctx, self.cache, self.spec)
+
+    def batcher(self, **kwargs) -> ContinuousBatcher:
+        """A batcher over the long-lived cache and decoder (the previous call's sequences are all released)."""
+        if self.decoder is None:
+            self.setup()
+        return ContinuousBatcher(self.ctx, self.cache, self.spec, decoder=self.decoder, **kwargs)
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> BatchRun:
         width = max(len(p) for p in prompts) + new_tokens
-        batcher = ContinuousBatcher(self.ctx, self.kv.new_batch(self.ctx, self.spec.max_batch, width), self.spec)
+        if width > self.width:
+            raise ValueError(f"{self.name}: a call needs {width} positions per row, the bench sized rows for {self.width}")
+        batcher = self.batcher()
         t0 = time.perf_counter()
         results = batcher.run([Request(tuple(p), new_tokens, name=str(i)) for i, p in enumerate(prompts)])
         wall = time.perf_counter() - t0

@@ -115,7 +115,7 @@ class PlanCacheConfig:
 class BackendConfig:
     name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
     device: Device = Device.cpu
-    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes"])
+    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "measured_linears", "eliminate_dead_code_keeping_writes"])
     threads: Optional[int] = None  # torch intra-op threads; null: torch's default
     plan_cache: PlanCacheConfig = field(default_factory=PlanCacheConfig)  # inductor only
 

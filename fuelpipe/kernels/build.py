@@ -1,4 +1,7 @@
-"""Compile and load the quantized GEMV operators (``quant_gemv.cpp``) once per machine.
+"""Compile and load fuelpipe's C++ operators once per machine.
+
+``quant_gemv.cpp``: low-bit weight products; ``f32_panels.cpp``: f32 linears on
+panel-packed weights (``fuelpipe.plan.panels``). One library, ``torch.ops.fuelpipe_kernels``.
 
 The library is built on first use with the C++ compiler torch's own extensions
 use, ``-O3 -march=native``, into a folder named by a digest of the source, the
@@ -12,8 +15,11 @@ never a half-loaded library.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import platform
+import subprocess
 import threading
 from pathlib import Path
 
@@ -21,7 +27,7 @@ import torch
 
 from fuelpipe.errors import FuelpipeError
 
-SOURCE = Path(__file__).with_name("quant_gemv.cpp")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp"))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 _LOADED: dict[str, str] = {}
@@ -29,7 +35,7 @@ _READY: list[str] = []  # the library loaded in this process: later calls return
 
 
 class KernelBuildError(FuelpipeError):
-    """The quantized kernels could not be compiled or loaded on this machine."""
+    """fuelpipe's C++ kernels could not be compiled or loaded on this machine."""
 
 
 def cache_root() -> Path:
@@ -37,13 +43,33 @@ def cache_root() -> Path:
 
 
 def build_digest() -> str:
-    from fuelpipe.plan.plan_cache_key import machine_digest
-
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        h.update(source.read_bytes())
     h.update(torch.__version__.encode())
-    h.update(machine_digest().encode())
+    h.update(_machine().encode())
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _machine() -> str:
+    """What ``-march=native`` builds for: the CPU model and flags, and the compiler cpp_extension runs
+    (``$CXX`` or ``c++``) with its version. Cheap: no inductor import (seconds) just to find a built file."""
+    model, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        version = f"unavailable ({type(err).__name__})"
+    return "\n".join([platform.machine(), model, flags, compiler, version])
 
 
 def load() -> str:
@@ -64,14 +90,24 @@ def load() -> str:
 
         folder = cache_root() / digest
         folder.mkdir(parents=True, exist_ok=True)
+        built = folder / f"fuelpipe_kernels_{digest}.so"
+        if built.is_file():  # built before for this source, torch and machine: load it (ms, not ninja's ~3 s check)
+            try:
+                torch.ops.load_library(str(built))
+                _LOADED[digest] = str(built)
+                _register_fakes()
+                _READY.append(_LOADED[digest])
+                return _LOADED[digest]
+            except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
+                pass
         try:
             path = cpp_extension.load(
-                name=f"fuelpipe_kernels_{digest}", sources=[str(SOURCE)], build_directory=str(folder),
+                name=f"fuelpipe_kernels_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(folder),
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                 is_python_module=False, verbose=False)
         except Exception as e:  # compiler missing, build failure, load failure
             raise KernelBuildError(
-                f"could not build fuelpipe's quantized kernels from {SOURCE} in {folder}: "
+                f"could not build fuelpipe's kernels from {', '.join(p.name for p in SOURCES)} in {folder}: "
                 f"{type(e).__name__}: {str(e)[-2000:]}") from e
         _LOADED[digest] = str(path)
         _register_fakes()
@@ -82,6 +118,7 @@ def load() -> str:
 def _has_ops() -> bool:
     try:
         torch.ops.fuelpipe_kernels.q4_gemv.default
+        torch.ops.fuelpipe_kernels.f32_panel_linear.default
         return True
     except (AttributeError, RuntimeError):
         return False
@@ -96,6 +133,7 @@ def _register_fakes() -> None:
     torch.library.register_fake("fuelpipe_kernels::q8_gemv")(lambda x, q, scales, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::q4_gemv")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::f32_panel_linear")(lambda x, panels, n, bias: out(x, n))
 
 
 def vector_path() -> str:

@@ -19,8 +19,14 @@ run's own thread count (at least 2 on CPU: one part splits nothing), and is
 checked twice: plan_once against replan bit-exactly, and against the
 variant's ``reference_logits`` within the tolerance (as ``vs_reference``).
 On CPU with the split pass enabled, the ``split`` variant must have split.
-The negative control swaps in the split pass that assembles its parts in
-the wrong order (SPLIT_PARTS_INTERLEAVED), which no tiny model can expose.
+
+When the plan chooses its linear forms by measurement (``measured_linears``),
+the choice on this machine may skip a form another machine picks, so the
+variants run once per explicit form pass instead (the thread split and the
+panel kernel), each in place of the measured pass. The negative control swaps
+in the forms that assemble their outputs in the wrong order
+(SPLIT_PARTS_INTERLEAVED: interleaved split parts, reversed panel columns),
+which no tiny model can expose.
 """
 from __future__ import annotations
 
@@ -32,13 +38,14 @@ import torch
 
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, forced_logits, greedy_run
-from fuelpipe.plan.fx_passes import passes_under
+from fuelpipe.plan.fx_passes import MEASURED_FORM_PASSES, passes_under
 from fuelpipe.random_init import randomize
 from models.registry import build_config, family
 
 NAME = "config_variants"
 TOKENS = 4  # the prefill's token, the build token and two reused ones
 SPLIT_PASS = "split_linears_across_threads"
+MEASURED_PASS = "measured_linears"
 # Fields taken from the family's tiny config: the variant's size, whatever the run's model is.
 GEOMETRY = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -74,13 +81,14 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _splits(ctx) -> int:
+def _rewritten(ctx, form_pass: str) -> int:
+    """Linears the plan ran through ``form_pass`` (or its negative-control twin)."""
     session = ctx.plan.session
     applied = session.program.passes_applied if session is not None else {}
-    return sum(n for name, n in applied.items() if name.startswith(SPLIT_PASS))
+    return sum(n for name, n in applied.items() if name.startswith(form_pass))
 
 
-def _check(inp: OracleInput, setup, config, seed: int, device, dtype) -> dict:
+def _check(inp: OracleInput, setup, config, seed: int, device, dtype, form_pass: str = SPLIT_PASS) -> dict:
     model = randomize(family(inp.model.family).model_cls(config, device=device, dtype=dtype), seed=seed)
     prompt = [t % config.vocab_size for t in inp.prompts[0]]
     replan = setup.context(model, plan=PlanMode.REPLAN, fault=inp.fault)
@@ -91,33 +99,47 @@ def _check(inp: OracleInput, setup, config, seed: int, device, dtype) -> dict:
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=device)
     ref = list(model.reference_logits(ids)[0, len(prompt) - 1 :])
     worst, first_ref, _, _ = compare_scaled(ref, got, inp.tolerance)
-    return {"splits": _splits(held), "replan_step": first_replan, "ref_step": first_ref, "err": worst,
+    return {"splits": _rewritten(held, SPLIT_PASS), "rewritten": _rewritten(held, form_pass), "replan_step": first_replan, "ref_step": first_ref, "err": worst,
             "biases": sorted(k for k in BIASES if getattr(config, k, False))}
+
+
+def pass_sets(passes: tuple[str, ...], on_cpu: bool) -> dict[str, tuple[str, ...]]:
+    """label -> the pass list to run the variants with: each explicit form in place of the measured pass."""
+    if not on_cpu or MEASURED_PASS not in passes:
+        return {"": tuple(passes)}
+    return {form: tuple(form if p == MEASURED_PASS else p for p in passes) for form in MEASURED_FORM_PASSES}
 
 
 def run(inp: OracleInput) -> OracleResult:
     p = next(inp.model.parameters())
     spec = inp.setup.backend
-    setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, spec.fx_passes)))
     on_cpu = p.device.type == "cpu"
     threads = max(2, torch.get_num_threads()) if on_cpu else torch.get_num_threads()
-    splitting = on_cpu and spec.name != "eager" and SPLIT_PASS in spec.fx_passes
     results = {}
+    splitting = False
     with _threads(threads):
-        for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
-            results[name] = _check(inp, setup, config, seed, p.device, p.dtype)
+        for label, passes in pass_sets(spec.fx_passes, on_cpu).items():
+            splitting |= on_cpu and spec.name != "eager" and SPLIT_PASS in passes
+            setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, passes)))
+            for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
+                key = f"{name} [{label}]" if label else name
+                results[key] = _check(inp, setup, config, seed, p.device, p.dtype, label or SPLIT_PASS)
+                results[key]["variant"], results[key]["split_pass"] = name, SPLIT_PASS in passes
+                results[key]["form"] = label
     problems = []
     for name, r in results.items():
         if r["replan_step"] is not None:
             problems.append(f"{name}: plan_once differs from replan from step {r['replan_step']}")
         if r["ref_step"] is not None:
             problems.append(f"{name}: max |logits - reference| {r['err']:.3g} beyond tolerance from step {r['ref_step']}")
-    if splitting and results["split"]["splits"] == 0:
-        problems.append(f"split: no linear was split at {threads} threads (the split path did not run)")
+        if spec.name != "eager" and on_cpu and r["split_pass"] and r["variant"] == "split" and r["splits"] == 0:
+            problems.append(f"{name}: no linear was split at {threads} threads (the split path did not run)")
+        if spec.name != "eager" and r["form"] and r["form"] != SPLIT_PASS and r["rewritten"] == 0:
+            problems.append(f"{name}: no linear ran through {r['form']} (the form did not run)")
     why_unsplit = "" if splitting else (
         " (nothing splits: " + ("not on CPU" if not on_cpu else f"backend {spec.name} runs no {SPLIT_PASS}") + ")")
     summary = "; ".join(
-        f"{name}: intermediate {VARIANTS[name]['intermediate_size']}, vocab {VARIANTS[name]['vocab_size']}, "
+        f"{name}: intermediate {VARIANTS[r['variant']]['intermediate_size']}, vocab {VARIANTS[r['variant']]['vocab_size']}, "
         f"{r['splits']} linears split, biases {', '.join(r['biases']) or 'none in this family'}"
         for name, r in results.items()
     )
@@ -134,5 +156,5 @@ def run(inp: OracleInput) -> OracleResult:
         tolerance=inp.tolerance,
         detail=("failed: " + "; ".join(problems) + " | " if problems else "")
         + f"{summary}; plan_once vs replan bit-exact and vs reference_logits within {inp.tolerance:g} x logit scale, "
-        f"{TOKENS} tokens each on {spec.name} {setup.kv.layout} at {threads} threads{why_unsplit}",
+        f"{TOKENS} tokens each on {spec.name} {inp.setup.kv.layout} at {threads} threads{why_unsplit}",
     )

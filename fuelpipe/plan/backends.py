@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
@@ -44,6 +45,9 @@ class BackendSpec:
     # Where inductor plans persist across processes (``backend.plan_cache``; off by default):
     # see fuelpipe.plan.aot_program.
     plan_cache: PlanCacheSpec = PlanCacheSpec()
+    # Rows each linear of the step sees per call (1 for a single-stream step, B for a batch
+    # bucket's): set by the driver when it builds a plan; passes that choose by measurement use it.
+    rows: int = 1
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -102,12 +106,15 @@ class StepProgram:
         return stack
 
 
-def trace_step(step: nn.Module, passes: tuple[str, ...]) -> tuple[fx.GraphModule, dict[str, int]]:
-    """``step`` traced into an fx graph with ``passes`` (registered fx pass names) applied in order."""
+def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1) -> tuple[fx.GraphModule, dict[str, int]]:
+    """``step`` traced into an fx graph with ``passes`` (registered fx pass names) applied in order.
+
+    ``rows``: how many rows each linear sees per call, for the passes that take it."""
     gm = fx.symbolic_trace(step)
     applied = {}
     for name in passes:
-        applied[name] = FX_PASSES.get(name).run(gm)
+        fx_pass = FX_PASSES.get(name)
+        applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
     return gm, applied
 
 
@@ -131,7 +138,7 @@ def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProg
 
 def _build_fx(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
     t0 = time.perf_counter()
-    gm, applied = trace_step(step, spec.fx_passes)
+    gm, applied = trace_step(step, spec.fx_passes, spec.rows)
     return StepProgram("fx", gm, len(gm.graph.nodes), time.perf_counter() - t0, None, applied, spec.cache_policy)
 
 
@@ -139,7 +146,7 @@ def _build_inductor(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepP
     if spec.plan_cache.enabled:
         return _build_inductor_cached(spec, step, step_kind)
     t0 = time.perf_counter()
-    gm, applied = trace_step(step, spec.fx_passes)
+    gm, applied = trace_step(step, spec.fx_passes, spec.rows)
     counter = CompileCounter()
     # Tensor-offset path: every shape is static. Symbol path: the two host integers vary per
     # token; dynamic=True compiles them (and the input shapes) as symbols once.
@@ -156,7 +163,8 @@ def _build_inductor_cached(spec: BackendSpec, step: nn.Module, step_kind: str) -
         program = _build_inductor(dataclasses.replace(spec, plan_cache=PlanCacheSpec()), step, step_kind)
         program.cache_event = PlanCacheEvent("uncacheable", f"step kind {step_kind!r} passes host integers")
         return program
-    fn = CachedAotStep(spec.plan_cache, step, step_kind, trace_step, tuple(spec.fx_passes))
+    fn = CachedAotStep(spec.plan_cache, step, step_kind, functools.partial(trace_step, rows=spec.rows),
+                       tuple(spec.fx_passes))
     return StepProgram("inductor", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
                        compiles_on_first_call=True, cache_event=fn.event)
 

@@ -11,6 +11,11 @@
   cores stream weights at once. Run after the fusion so fused weights split too.
 * ``transpose_linears_for_gemm``: the batch-step counterpart of the split (a plan
   whose linears see several rows): ``x @ W^T`` against a contiguous transposed copy.
+* ``pack_linears_into_panels``: every CPU f32 linear through the C++ panel kernel
+  (``fuelpipe.plan.panels``), for one row or a batch's B rows.
+* ``measured_linears`` (the default): each linear in whichever of those forms (or
+  plain ``F.linear``) measured fastest on this CPU at the step's row count
+  (``fuelpipe.plan.linear_forms``).
 * ``eliminate_dead_code_keeping_writes``: dead-code elimination that treats
   in-place ops (KV writes) as side effects. torch.fx's default predicate
   drops an in-place write whose result is unused; that would silently stop
@@ -29,9 +34,8 @@ from torch import nn
 from fuelpipe.faults import Fault
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
-from fuelpipe.plan.split_gemv import (  # also registers torch.ops.fuelpipe.split_gemv
-    WIDE_RATIO, split_weight, split_weight_interleaved, worth_splitting,
-)
+from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, measured_linears, rewrite_all
+from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -90,6 +94,7 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
             weights = [m.weight for m in mods]
             w = derived("fused", weights, lambda: torch.cat([t.detach() for t in weights]).to(device))
             big.weight = nn.Parameter(w, requires_grad=False)
+            big.fuelpipe_sources = weights  # later passes key their copies on the model's own tensors
             if big.bias is not None:
                 biases = [m.bias for m in mods]
                 b = derived("fused", biases, lambda: torch.cat([t.detach() for t in biases]).to(device))
@@ -178,41 +183,12 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
     The replaced linears (including fused ones) are dropped from the graph module, so the
     plan holds one copy of each weight, not two.
     """
-    return _split_linears(gm, split_weight)
+    return _all_in_form(gm, FORMS["split_gemv"], rows=1)
 
 
 def split_linears_across_threads_interleaved(gm: fx.GraphModule) -> int:
     """The Fault.SPLIT_PARTS_INTERLEAVED negative control: parts filled strided, assembled as blocks."""
-    return _split_linears(gm, split_weight_interleaved)
-
-
-def _split_linears(gm: fx.GraphModule, splitter) -> int:
-    parts = torch.get_num_threads()
-    split = 0
-    for node in list(gm.graph.nodes):
-        lin = _linear_of(gm, node)
-        if lin is None or len(node.args) != 1 or node.kwargs or not worth_splitting(lin.weight, parts):
-            continue
-        weight = lin.weight
-        w = derived(f"{splitter.__name__}/{parts}", [weight], lambda: splitter(weight.detach(), parts)[0])
-        cols = weight.shape[0] >= WIDE_RATIO * weight.shape[1]  # the layout rule every splitter follows
-        name = f"split_weight_{split}"
-        gm.register_buffer(name, w)
-        with gm.graph.inserting_before(node):
-            w_node = gm.graph.get_attr(name)
-            b_node = None
-            if lin.bias is not None:
-                gm.register_buffer(f"split_bias_{split}", lin.bias.detach())
-                b_node = gm.graph.get_attr(f"split_bias_{split}")
-            out = gm.graph.call_function(torch.ops.fuelpipe.split_gemv.default, (node.args[0], w_node, b_node, cols))
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        split += 1
-    # Only this module's own containers lose the entries; the model's modules are untouched.
-    gm.delete_all_unused_submodules()
-    gm.graph.lint()
-    gm.recompile()
-    return split
+    return _all_in_form(gm, FAULTY_FORMS["split_gemv"], rows=1)
 
 
 def transpose_linears_for_gemm(gm: fx.GraphModule) -> int:
@@ -223,60 +199,74 @@ def transpose_linears_for_gemm(gm: fx.GraphModule) -> int:
     (measured on SmolLM2's shapes at 8 rows). The copies are shared by every plan built
     from the same weights (``derived_weights``), so all of a batch's bucket plans hold one set.
     """
-    done = 0
-    for node in list(gm.graph.nodes):
-        lin = _linear_of(gm, node)
-        if lin is None or len(node.args) != 1 or node.kwargs or lin.weight.device.type != "cpu":
-            continue
-        weight = lin.weight
-        w = derived("transposed", [weight], lambda: weight.detach().t().contiguous())  # [K, N]
-        name = f"gemm_weight_{done}"
-        gm.register_buffer(name, w)
-        with gm.graph.inserting_before(node):
-            out = gm.graph.call_function(torch.matmul, (node.args[0], gm.graph.get_attr(name)))
-            if lin.bias is not None:
-                gm.register_buffer(f"gemm_bias_{done}", lin.bias.detach())
-                out = gm.graph.call_function(operator.add, (out, gm.graph.get_attr(f"gemm_bias_{done}")))
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        done += 1
-    gm.delete_all_unused_submodules()
-    gm.graph.lint()
-    gm.recompile()
-    return done
+    return _all_in_form(gm, FORMS["gemm_transposed"], rows=2)
+
+
+def pack_linears_into_panels(gm: fx.GraphModule) -> int:
+    """Run each CPU f32 ``nn.Linear`` through the panel kernel (``fuelpipe.plan.panels``). Returns count."""
+    return _all_in_form(gm, FORMS["panels"], rows=1, require=True)
+
+
+def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
+    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for panels: each panel's columns reversed."""
+    return _all_in_form(gm, FAULTY_FORMS["panels"], rows=1, require=True)
+
+
+def _all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> int:
+    threads = torch.get_num_threads()
+    if require and form.usable is FORMS["panels"].usable:
+        _require_kernels()
+    return rewrite_all(gm, lambda lin: form if form.usable(lin, rows, threads) else None)
+
+
+def _require_kernels() -> None:
+    from fuelpipe.kernels.build import load
+
+    load()  # a typed KernelBuildError when this machine cannot build them
 
 
 @dataclass(frozen=True)
 class FxPass:
     """A graph pass, registered by name (``fuelpipe.fx_passes`` entry points; ``backend.fx_passes`` lists names).
 
-    ``run`` rewrites the traced step graph in place and returns how many sites it changed.
+    ``run`` rewrites the traced step graph in place and returns how many sites it changed
+    (``run(gm, rows)`` when ``takes_rows``).
     ``negative_control_only``: a deliberately wrong pass that a config may not name.
     """
 
     name: str
-    run: Callable[[fx.GraphModule], int]
+    run: Callable[..., int]
     negative_control_only: bool = False
+    takes_rows: bool = False  # run(gm, rows): the rows each linear sees per call (1, or a batch's B)
 
 
-DEFAULT_PASSES = ("fuse_sibling_linears", "split_linears_across_threads", "eliminate_dead_code_keeping_writes")
+DEFAULT_PASSES = ("fuse_sibling_linears", "measured_linears", "eliminate_dead_code_keeping_writes")
 BUILTIN_PASSES = (
     FxPass("fuse_sibling_linears", fuse_sibling_linears),
     FxPass("split_linears_across_threads", split_linears_across_threads),
     FxPass("eliminate_dead_code_keeping_writes", eliminate_dead_code_keeping_writes),
     FxPass("transpose_linears_for_gemm", transpose_linears_for_gemm),
+    FxPass("pack_linears_into_panels", pack_linears_into_panels),
+    FxPass("measured_linears", measured_linears, takes_rows=True),
     FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
     FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,
            negative_control_only=True),
+    FxPass("pack_linears_into_panels_misordered", pack_linears_into_panels_misordered, negative_control_only=True),
 )
 FX_PASSES: Registry[FxPass] = Registry("fuelpipe.fx_passes", "fx pass", FxPass)
 
 
 # Negative controls only: the faulty pass each fault swaps in for a correct one. Never in a normal config.
 FAULTY_PASSES = {
-    Fault.NAIVE_DCE: ("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),
-    Fault.SPLIT_PARTS_INTERLEAVED: ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
+    Fault.NAIVE_DCE: (("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),),
+    Fault.SPLIT_PARTS_INTERLEAVED: (
+        ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
+        ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
+    ),
 }
+# The explicit forms the measured pass chooses among that have a pass of their own (config_variants
+# runs each of them, so a form the measurement did not pick on this machine is still checked).
+MEASURED_FORM_PASSES = ("split_linears_across_threads", "pack_linears_into_panels")
 
 
 # What a GEMV-only pass becomes in a plan whose linears see several rows (a batch step):
@@ -291,7 +281,5 @@ def passes_for_rows(passes: tuple[str, ...], rows: int) -> tuple[str, ...]:
 
 def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
     """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
-    if fault not in FAULTY_PASSES:
-        return tuple(passes)
-    correct, faulty = FAULTY_PASSES[fault]
-    return tuple(faulty if p == correct else p for p in passes)
+    swap = dict(FAULTY_PASSES.get(fault, ()))
+    return tuple(swap.get(p, p) for p in passes)

@@ -197,3 +197,22 @@ def test_room_held_outside_the_batcher_refuses_instead_of_waiting_forever():
     res = ContinuousBatcher(ctx, kv, 2).run([Request((1, 2, 3), 6), Request((1,), 3)])
     assert res[0].finish == "refused" and "held outside the batcher" in str(res[0].error)
     assert res[1].finish == "length" and len(res[1].tokens) == 3  # one block is enough for it
+
+
+def test_a_long_lived_decoder_serves_later_batchers_without_rebuilding():
+    """A server keeps its cache and decoder: a second run reuses the bucket plans (both halves: a decoder
+    over another cache is refused with a typed error, never silently run against the wrong storage)."""
+    model = tiny("llama")
+    ctx = InferenceContext(model, "fx", "plan_once")
+    kv = ctx.new_batch_cache(4, WIDTH)
+    decoder = BatchDecoder(ctx, kv, 4)
+    requests = [Request(tuple(p), 6) for p in PROMPTS]
+    first = ContinuousBatcher(ctx, kv, 4, decoder=decoder).run(requests)
+    builds = decoder.builds
+    again = ContinuousBatcher(ctx, kv, 4, decoder=decoder).run(requests)
+    assert [r.tokens for r in again] == [r.tokens for r in first]
+    assert decoder.builds == builds  # every bucket plan was reused
+    fresh = ContinuousBatcher(ctx, ctx.new_batch_cache(4, WIDTH), 4).run(requests)
+    assert [r.tokens for r in fresh] == [r.tokens for r in first]
+    with pytest.raises(InputError, match="serves another cache"):
+        ContinuousBatcher(ctx, ctx.new_batch_cache(4, WIDTH), 4, decoder=decoder)

@@ -23,7 +23,7 @@ import fuelpipe.kv.views as views_mod
 import fuelpipe.masks as masks_mod
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.paged import KvBlockPool, PagedSequence
-from fuelpipe.plan import fx_passes
+from fuelpipe.plan import fx_passes, linear_forms
 from fuelpipe.plan import split_gemv
 from fuelpipe.plan.token_data import StepBuffers, compute_token_host
 from fuelpipe.plan.weights_identity import _TreeWatch
@@ -133,7 +133,7 @@ def split_ignores_divisibility(mp):
     """The thread split assumes every output width divides by the thread count."""
     mp.setattr(split_gemv, "worth_splitting", lambda w, parts: w.device.type == "cpu" and parts >= 2
                and w.numel() >= split_gemv.MIN_SPLIT_ELEMENTS)
-    mp.setattr(fx_passes, "worth_splitting", split_gemv.worth_splitting)
+    mp.setattr(linear_forms, "worth_splitting", split_gemv.worth_splitting)
 
 
 def attended_length_one_short(mp):

@@ -46,12 +46,17 @@ def test_the_program_and_a_held_decode_plan_continue_the_same_sequence(model):
         torch.testing.assert_close(ctx.decode(caches[0], t), eager.decode(caches[1], t), rtol=0, atol=1e-4)
 
 
-def test_an_in_place_weight_update_rebuilds_the_program(model):
+def _before_and_after_an_update(model):
+    """Prefill, double the head in place, prefill again: (context, logits before, logits after)."""
     ctx = InferenceContext(model, PANELS)
     before = _prefill(ctx, [1, 2, 3])
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)
-    after = _prefill(ctx, [1, 2, 3])
+    return ctx, before, _prefill(ctx, [1, 2, 3])
+
+
+def test_an_in_place_weight_update_rebuilds_the_program(model):
+    ctx, before, after = _before_and_after_an_update(model)
     assert ctx.prefill_plans.builds == 2
     torch.testing.assert_close(after, _prefill(InferenceContext(model, "eager"), [1, 2, 3]), rtol=0, atol=1e-4)
     assert not torch.allclose(after, before)
@@ -60,11 +65,7 @@ def test_an_in_place_weight_update_rebuilds_the_program(model):
 def test_a_key_without_the_weights_identity_would_serve_stale_weights(model, monkeypatch):
     """The negative control of the key: with the identity left out, the update is silently ignored."""
     monkeypatch.setattr(prefill_program, "weights_identity", lambda m: None)
-    ctx = InferenceContext(model, PANELS)
-    before = _prefill(ctx, [1, 2, 3])
-    with torch.no_grad():
-        model.lm_head.weight.mul_(2.0)
-    stale = _prefill(ctx, [1, 2, 3])
+    ctx, before, stale = _before_and_after_an_update(model)
     assert ctx.prefill_plans.builds == 1
     assert torch.equal(stale, before)  # the old copies answered: exactly the bug the key prevents
 

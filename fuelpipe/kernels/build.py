@@ -55,15 +55,9 @@ def build_digest() -> str:
 def _machine() -> str:
     """What ``-march=native`` builds for: the CPU model and flags, and the compiler cpp_extension runs
     (``$CXX`` or ``c++``) with its version. Cheap: no inductor import (seconds) just to find a built file."""
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
+    from fuelpipe.plan.plan_cache_key import cpu_model_and_flags
+
+    model, flags = cpu_model_and_flags()
     compiler = os.environ.get("CXX", "c++")
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout

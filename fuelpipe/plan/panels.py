@@ -18,6 +18,7 @@ state the layout.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -60,8 +61,11 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return torch.ops.fuelpipe_kernels.f32_panel_linear(x, panels, out_features, bias)
 
 
+@functools.lru_cache(maxsize=1)
 def kernels_available() -> Optional[str]:
-    """None when the panel kernel can run here; otherwise why not (the build's typed error, shortened)."""
+    """None when the panel kernel can run here; otherwise why not (the build's typed error, shortened).
+
+    Asked once per process: a machine without a compiler does not retry the build at every plan."""
     from fuelpipe.kernels.build import KernelBuildError, load
 
     try:

@@ -140,11 +140,8 @@ def recipe_source_digest(fx_passes: Iterable[str] = (), modules: Iterable[str] =
 
 
 @functools.cache
-def machine_digest() -> str:
-    """What the generated code was compiled for: CPU model and flags, ``-march``, the C++ compiler and its version."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
-
+def cpu_model_and_flags() -> tuple[str, str]:
+    """The CPU's model name and its sorted feature flags (``/proc/cpuinfo``; the platform's name elsewhere)."""
     model, flags = platform.processor(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -154,6 +151,15 @@ def machine_digest() -> str:
                 flags = " ".join(sorted(line.split(":", 1)[1].split()))
     except OSError:
         pass
+    return model, flags
+
+
+def machine_digest() -> str:
+    """What the generated code was compiled for: CPU model and flags, ``-march``, the C++ compiler and its version."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+    model, flags = cpu_model_and_flags()
     try:
         compiler = get_cpp_compiler()
         compiler_version = get_compiler_version_info(compiler)

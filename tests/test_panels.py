@@ -161,10 +161,16 @@ def test_a_choice_is_measured_once_per_shape_rows_and_threads(threads):
     assert len(calls) > first  # another row count is measured afresh
 
 
+class TwoBigLinears(TwoLinears):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(48, 8192), nn.Linear(8192, 40, bias=False)
+
+
 def test_the_measured_pass_uses_the_chosen_form(threads):
     threads(2)
     linear_forms.forget_choices()
-    mod, x = TwoLinears(), torch.randn(1, 48)
+    mod, x = TwoBigLinears(), torch.randn(1, 48)
     gm = fx.symbolic_trace(mod)
     assert measured_linears(gm, 1, _timer_preferring("panels", [])) == 2
     ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
@@ -172,6 +178,15 @@ def test_the_measured_pass_uses_the_chosen_form(threads):
     torch.testing.assert_close(gm(x), mod(x), rtol=1e-5, atol=1e-5)
     gm = fx.symbolic_trace(mod)
     assert measured_linears(gm, 1, _timer_preferring("linear", [])) == 0  # F.linear kept as traced
+
+
+def test_small_linears_stay_unmeasured_so_every_process_builds_the_same_plan(threads):
+    """A microsecond timing is noise: below MEASURE_MIN_ELEMENTS the choice is F.linear, measured never."""
+    threads(2)
+    linear_forms.forget_choices()
+    calls: list = []
+    gm = fx.symbolic_trace(TwoLinears())
+    assert measured_linears(gm, 1, _timer_preferring("panels", calls)) == 0 and not calls
 
 
 def test_the_panel_copy_of_a_weight_is_shared_by_every_plan():

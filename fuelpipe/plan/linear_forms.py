@@ -20,8 +20,10 @@ them: more than a last-level cache holds), so each form is timed streaming
 from memory as in a real step, best of a few sweeps. Choices are
 cached per (shape, rows, threads, candidates) for the process: a replan build
 every token re-measures nothing, and plan_once and replan plans agree.
-``timer`` is injectable, so a test can show that a different measurement
-makes a different choice.
+Linears under ``MEASURE_MIN_ELEMENTS`` stay ``F.linear`` unmeasured: timing a
+microsecond call is noise, and a noisy choice would make two processes build
+plans that differ in low bits. ``timer`` is injectable, so a test can show that
+a different measurement makes a different choice.
 """
 from __future__ import annotations
 
@@ -202,6 +204,10 @@ def time_form(form: LinearForm, lins: list[nn.Linear], rows: int, repeats: int =
 
 Timer = Callable[[LinearForm, list, int], float]
 _CHOICES: dict[tuple, str] = {}
+# Below this many weight elements (1 MiB in f32) a linear stays ``F.linear`` unmeasured: its call takes
+# microseconds, a timing of it is noise, and a noisy choice would differ from process to process
+# (the same plan computing other low bits in another run).
+MEASURE_MIN_ELEMENTS = 2**18
 
 
 def shape_class(lin: nn.Linear) -> tuple:
@@ -217,7 +223,8 @@ def choose_forms(lins: list[nn.Linear], rows: int, timer: Timer = time_form,
         groups.setdefault(shape_class(lin), []).append(lin)
     chosen = {}
     for shape, group in groups.items():
-        usable = tuple(n for n in candidates if FORMS[n].usable(group[0], rows, threads))
+        small = group[0].weight.numel() < MEASURE_MIN_ELEMENTS
+        usable = ("linear",) if small else tuple(n for n in candidates if FORMS[n].usable(group[0], rows, threads))
         key = (shape, rows, threads, usable, timer)
         if key not in _CHOICES:
             if len(usable) == 1:

@@ -34,7 +34,7 @@ from torch import nn
 from fuelpipe.faults import Fault
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
-from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, measured_linears, rewrite_all
+from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, linear_of, measured_linears, rewrite_all
 from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
 
 
@@ -62,26 +62,19 @@ def naive_eliminate_dead_code(gm: fx.GraphModule) -> int:
     return before - len(gm.graph.nodes)
 
 
-def _linear_of(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
-    if node.op != "call_module":
-        return None
-    mod = gm.get_submodule(node.target)
-    return mod if type(mod) is nn.Linear else None
-
-
 def fuse_sibling_linears(gm: fx.GraphModule) -> int:
     """Fuse every group of >= 2 bias-compatible linears sharing one input. Returns groups fused."""
     groups: dict[fx.Node, list[fx.Node]] = {}
     for node in gm.graph.nodes:
-        lin = _linear_of(gm, node)
-        if lin is not None and len(node.args) == 1 and not node.kwargs:
+        lin = linear_of(gm, node)
+        if lin is not None:
             groups.setdefault(node.args[0], []).append(node)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fused = 0
     for src, nodes in groups.items():
         if len(nodes) < 2:
             continue
-        mods = [_linear_of(gm, n) for n in nodes]
+        mods = [linear_of(gm, n) for n in nodes]
         has_bias = {m.bias is not None for m in mods}
         kinds = {(m.in_features, m.weight.dtype, m.weight.device) for m in mods}
         if len(has_bias) != 1 or len(kinds) != 1:
@@ -214,7 +207,7 @@ def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
 
 def _all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> int:
     threads = torch.get_num_threads()
-    if require and form.usable is FORMS["panels"].usable:
+    if require:
         _require_kernels()
     return rewrite_all(gm, lambda lin: form if form.usable(lin, rows, threads) else None)
 

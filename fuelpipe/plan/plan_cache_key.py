@@ -154,17 +154,27 @@ def cpu_model_and_flags() -> tuple[str, str]:
     return model, flags
 
 
-def machine_digest() -> str:
-    """What the generated code was compiled for: CPU model and flags, ``-march``, the C++ compiler and its version."""
-    from torch._inductor import config as inductor_config
+@functools.cache
+def cpp_compiler_and_version() -> tuple[str, str]:
+    """inductor's C++ compiler and its version string (asked once: it runs the compiler)."""
     from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
 
-    model, flags = cpu_model_and_flags()
     try:
         compiler = get_cpp_compiler()
-        compiler_version = get_compiler_version_info(compiler)
+        return compiler, get_compiler_version_info(compiler)
     except Exception as err:  # no compiler: inductor cannot build either; the key still says so
-        compiler, compiler_version = f"unavailable ({type(err).__name__})", ""
+        return f"unavailable ({type(err).__name__})", ""
+
+
+def machine_digest() -> str:
+    """What the generated code was compiled for: CPU model and flags, ``-march``, the C++ compiler and its version.
+
+    ``-march`` is read on every call (it is a setting a user may change); the CPU and compiler are asked once.
+    """
+    from torch._inductor import config as inductor_config
+
+    model, flags = cpu_model_and_flags()
+    compiler, compiler_version = cpp_compiler_and_version()
     parts = [platform.machine(), model, flags, str(inductor_config.cpp.march), compiler, compiler_version]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 

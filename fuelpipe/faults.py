@@ -30,6 +30,9 @@ class Fault(enum.Enum):
     STALE_PADDING_ROW = "stale_padding_row"
     # The batch plan is keyed on which sequences are live, so every join or leave rebuilds it (over-keying)
     REBUILD_ON_JOIN = "rebuild_on_join"
+    # The packed prompt step masks causally over the whole packed row: a prompt also attends the prompts packed
+    # before it (the mask forgets which sequence each token belongs to)
+    PACKED_PREFILL_CROSS_ROWS = "packed_prefill_cross_rows"
     # The persistent plan cache keys entries without the weight digest: a plan compiled (weights baked) for one
     # checkpoint is loaded for another of the same shapes
     PLAN_CACHE_IGNORES_WEIGHTS = "plan_cache_ignores_weights"

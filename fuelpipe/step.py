@@ -16,6 +16,12 @@ One function, ``run_step``, for all families and both offset paths. The two
     block_table [B, max_blocks_cap]    int64 (paged paths)
     kv         [k0, v0, k1, v1, ...]   the KV buffers the program is bound to
 
+A packed prompt step (``packed*`` kinds, ``fuelpipe.batch.packed_prefill``)
+runs several fresh sequences' prompts as one row of N tokens (B = 1, T = N):
+write_index and slot_ids are per token [N], the mask [V, 1, 1, N, N] is
+block-diagonal causal, and ``last_index [n]`` names each prompt's last token,
+whose logits it returns.
+
 One sequence is B = 1. A batch step (``batch*`` kinds) serves B rows of
 different lengths at once (ragged); every row has its own positions, RoPE
 rows, masks, write offsets and slot or block-table row.
@@ -30,6 +36,7 @@ from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
 from fuelpipe.kv.batch_views import LatentSlotKv, SlotKv, SlotPrefixKv
+from fuelpipe.kv.packed_views import PackedLatentKv, PackedPagedKv, PackedSlotKv
 from fuelpipe.kv.views import LatentKv, PagedKv, PagedPrefixKv, SymbolOffsetKv, TensorOffsetKv
 
 
@@ -40,8 +47,10 @@ def run_step(
     rope_sin: torch.Tensor,
     mask: torch.Tensor,
     kv_views: list,
+    last_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Logits of each row's last position, [B, vocab] f32."""
+    """Logits of each row's last position, [B, vocab] f32; with ``last_index [n]`` (a packed step, B = 1),
+    of those positions of the one row, [n, vocab] f32."""
     n_specs = len(backbone.rope_plan.specs)
     cos = [rope_cos[i][:, None] for i in range(n_specs)]  # each [B, 1, T, rot]: broadcast over heads
     sin = [rope_sin[i][:, None] for i in range(n_specs)]
@@ -54,7 +63,8 @@ def run_step(
             cos=cos[layer_spec[i]], sin=sin[layer_spec[i]], mask=masks[layer_variant[i]], kv=kv_views[i]
         )
         h = backbone.apply_layer(i, h, inputs)
-    logits = backbone.final(h[:, -1:, :])  # [B, 1, vocab]
+    last = h[:, -1:, :] if last_index is None else h[0].index_select(0, last_index)[:, None, :]  # [B or n, 1, hidden]
+    logits = backbone.final(last)  # [B or n, 1, vocab]
     return logits[:, 0, :].float()
 
 
@@ -66,13 +76,13 @@ class _Step(nn.Module):
         self.backbone = backbone
         self.keep_masked_garbage = keep_masked_garbage  # True only under the UNSAFE_MASKED_SLOTS fault
 
-    def _run(self, token_ids, rope_cos, rope_sin, mask, views: list) -> torch.Tensor:
+    def _run(self, token_ids, rope_cos, rope_sin, mask, views: list, last_index=None) -> torch.Tensor:
         live_memo: dict = {}  # one per call: each mask's live slots computed once for all layers
         for view in views:
             view.live_memo = live_memo
             if self.keep_masked_garbage:
                 view.keep_masked_garbage = True
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views)
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views, last_index)
 
 
 class TensorOffsetStep(_Step):
@@ -155,6 +165,34 @@ class BatchLatentStep(_Step):
         return self._run(token_ids, rope_cos, rope_sin, mask, views)
 
 
+class PackedSlotStep(_Step):
+    """Packed prompts into a batch-slot cache: token n writes (slot_ids[n], write_index[n])."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, last_index, kv):
+        views = [PackedSlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids)
+                 for i in range(self.backbone.dims.n_layers)]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
+
+
+class PackedPagedStep(_Step):
+    """Packed prompts into a paged pool: token n writes the flattened offset write_index[n]."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, last_index, kv):
+        d = self.backbone.dims
+        views = [PackedPagedKv(kv[2 * i], kv[2 * i + 1], write_index, d.n_kv_heads, d.head_dim)
+                 for i in range(d.n_layers)]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
+
+
+class PackedLatentStep(_Step):
+    """Packed prompts into a batch-slot latent (MLA) cache."""
+
+    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, last_index, kv):
+        views = [PackedLatentKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids)
+                 for i in range(self.backbone.dims.n_layers)]
+        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
+
+
 STEP_KINDS = {
     "tensor": TensorOffsetStep,
     "symbol": SymbolOffsetStep,
@@ -164,7 +202,12 @@ STEP_KINDS = {
     "batch": BatchSlotStep,
     "batch_symbol": BatchSlotPrefixStep,
     "batch_latent": BatchLatentStep,
+    "packed_batch": PackedSlotStep,
+    "packed_paged": PackedPagedStep,
+    "packed_latent": PackedLatentStep,
 }
+# The packed prompt step of each batch cache kind.
+PACKED_KIND_OF = {"batch": "packed_batch", "paged": "packed_paged", "batch_latent": "packed_latent"}
 # Step kinds that take per-pass host integers (compiled with symbolic sizes by inductor).
 SYMBOLIC_KINDS = ("symbol", "paged_symbol", "batch_symbol")
 

@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from fuelpipe.batch.buckets import BatchSpec
+from fuelpipe.batch.packed_prefill import packed_prefill
 from fuelpipe.context import InferenceContext, _token_int
 from fuelpipe.driver import HeldPlan
 from fuelpipe.errors import InputError
@@ -153,6 +154,11 @@ class BatchDecoder:
         self.steps += 1
         self.rows_served += len(rows)
         return logits[: len(rows)]
+
+    def prefill(self, rows: Sequence, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Prefill the fresh sequences ``rows`` with ``prompts`` in one packed step
+        (``fuelpipe.batch.packed_prefill``); returns each one's next-token logits [n, vocab] f32."""
+        return packed_prefill(self.ctx, self.kv, rows, prompts, self.fault)
 
     def drop(self) -> None:
         """Drop every held plan (for example after an in-place ``param.data.copy_`` the identity cannot see)."""

@@ -9,10 +9,13 @@ Design (stated in the README):
   (longer than a row's capacity, more blocks than the pool has, positions
   past the model's limit) is refused at once with its own typed error; the
   others go on untouched.
-* **Prefill beside the batch.** A joining request's prompt is prefilled by
-  the one-sequence prefill step on its own slot (or its own paged sequence),
-  between two batched steps. The running rows are not stepped during it and
-  nothing of theirs is read or written, so their tokens cannot change.
+* **Prefill beside the batch.** The prompts of the requests joining at one
+  step run together in one packed prompt step (``fuelpipe.batch.packed_prefill``:
+  all their tokens as one row, a block-diagonal mask, each token writing its
+  own sequence's slot or blocks), between two batched steps. The running rows
+  are not stepped during it and nothing of theirs is read or written, so their
+  tokens cannot change. A packed step the checks refuse falls back to one
+  prompt at a time, so a request that fails fails alone.
 * **Decode.** Every running request feeds its last token in one batched step
   (the smallest bucket holding them); each samples its next token with its
   own sampler, so a seeded request draws the same tokens whatever its batch
@@ -86,6 +89,23 @@ class RequestResult:
         return self.finish in ("length", "stop", "refused", "error")
 
 
+PACKED_PREFILL_TOKENS = 1024  # prompt tokens per packed prompt step (a longer prompt runs alone in its own)
+
+
+def _token_chunks(runs: list, budget: int) -> list[list]:
+    """``runs`` in order, grouped so each group's prompts hold at most ``budget`` tokens (or one prompt)."""
+    chunks: list[list] = []
+    size = 0
+    for run in runs:
+        n = len(run.result.request.prompt_ids)
+        if not chunks or size + n > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(run)
+        size += n
+    return chunks
+
+
 class _Running:
     def __init__(self, result: RequestResult, handle, sampler: Sampler, stops: set[int]) -> None:
         self.result, self.handle, self.sampler, self.stops = result, handle, sampler, stops
@@ -113,6 +133,7 @@ class ContinuousBatcher:
         self._running: list[_Running] = []
         self.decode_s = 0.0  # time in batched steps
         self.prefill_s = 0.0
+        self.prefill_calls = 0  # packed prompt steps run
         self.batch_sizes: list[int] = []  # live rows per batched step
         self.step_s: list[float] = []  # seconds per batched step
 
@@ -198,23 +219,47 @@ class ContinuousBatcher:
             self._running.remove(run)
 
     def _admit(self) -> None:
+        """Take every queued request that fits now, then run their prompts packed (one call per
+        ``PACKED_PREFILL_TOKENS`` tokens) and emit each one's first token."""
+        joining: list[_Running] = []
         while self._queue and self._fits_now(self._queue[0].request):
             res = self._queue.popleft()
             req = res.request
-            handle = self.kv.acquire()
-            run = _Running(res, handle, req.sampling.sampler(), set(req.stop_ids))
+            run = _Running(res, self.kv.acquire(), req.sampling.sampler(), set(req.stop_ids))
             res.finish, res.admitted_step = "running", self.decoder.steps
             try:
-                handle.reserve(req.positions)  # all its room now, or refused with nothing taken
-                t0 = time.perf_counter()
-                logits = self.ctx.prefill(handle, list(req.prompt_ids))
-                res.prefill_s = time.perf_counter() - t0
-                self.prefill_s += res.prefill_s
+                run.handle.reserve(req.positions)  # all its room now, or refused with nothing taken
             except FuelpipeError as err:
                 self._finish(run, "error", err)
                 continue
+            joining.append(run)
+        for chunk in _token_chunks(joining, PACKED_PREFILL_TOKENS):
+            self._prefill(chunk)
+
+    def _prefill(self, chunk: list[_Running]) -> None:
+        t0 = time.perf_counter()
+        try:
+            logits = self.decoder.prefill([r.handle for r in chunk], [list(r.result.request.prompt_ids) for r in chunk])
+            outcome = [(run, logits[i : i + 1], None) for i, run in enumerate(chunk)]
+        except FuelpipeError:
+            # The packed step checks everything before it runs, so nothing was written: run each prompt alone,
+            # and a request that fails fails alone.
+            outcome = []
+            for run in chunk:
+                try:
+                    outcome.append((run, self.ctx.prefill(run.handle, list(run.result.request.prompt_ids)), None))
+                except FuelpipeError as err:
+                    outcome.append((run, None, err))
+        took = time.perf_counter() - t0
+        self.prefill_s += took
+        self.prefill_calls += 1
+        for run, logits_row, err in outcome:
+            run.result.prefill_s = took  # the call its prompt ran in
+            if err is not None:
+                self._finish(run, "error", err)
+                continue
             self._running.append(run)
-            self._emit(run, logits)
+            self._emit(run, logits_row)
 
     def step(self) -> bool:
         """Admit what fits, then run one batched decode step. False when nothing is left to do."""
@@ -257,6 +302,7 @@ class ContinuousBatcher:
                 "refused": sum(r.finish == "refused" for r in self.results),
                 "errors": sum(r.finish == "error" for r in self.results),
                 "tokens": tokens, "decode_s": self.decode_s, "prefill_s": self.prefill_s,
+                "prefill_calls": self.prefill_calls,
                 "decode_tokens_per_s": decoded / self.decode_s if self.decode_s else None,
                 "mean_batch": decoded / len(self.batch_sizes) if self.batch_sizes else None,
                 "bytes_per_row": self.kv.bytes_per_slot()}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from fuelpipe.bench.peers.experiment import cpu_name
+from fuelpipe.machine import cpu_name
 from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request
 from fuelpipe.context import InferenceContext
 from fuelpipe.weights.loader import load_named

@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from fuelpipe.bench.peers.experiment import cpu_name  # noqa: E402
+from fuelpipe.machine import cpu_name  # noqa: E402
 
 
 def build(cache_dir: str, capacity: int, scale_weight: bool, policy: str, logits_out: str) -> dict:

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import torch
 
 from fuelpipe.bench.batch_systems import BatchSystem, FuelpipeBatch, LlamaCppBatch, TransformersBatch
-from fuelpipe.bench.peers.experiment import checkpoint_gguf, cpu_name, peak_rss_mb, peer_versions
+from fuelpipe.bench.peers.experiment import checkpoint_gguf, peak_rss_mb, peer_versions
+from fuelpipe.machine import cpu_name, speed_extensions
 from fuelpipe.bench.peers.floor import kv_bytes_read, measure_in_subprocess, weight_bytes_per_token
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.results import git_hash
@@ -103,7 +104,7 @@ def run_bench_batch(c, cfg, asm, on_progress: Optional[Callable[[], None]] = Non
         "rows": rows, "floor": {"bandwidth_gb_s": bandwidth.gb_s, "bandwidth_method": bandwidth.method,
                                 "gemm_gflops": gemm, "per_batch": {str(b): f for b, f in floor.items()}},
         "continuous": continuous, "verdict": verdict(rows, 8),
-        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "torch": torch.__version__,
+        "env": {"threads": torch.get_num_threads(), "cpu": cpu_name(), "cpu_extensions": speed_extensions(), "torch": torch.__version__,
                 "versions": peer_versions(), "git": git_hash(), "peak_rss_mb": peak_rss_mb(),
                 "load_avg_1m_before": load_before[0], "load_avg_1m_after": load_after[0]},
         "wall_s": time.perf_counter() - t_start,
@@ -214,6 +215,8 @@ def continuous_run(system: FuelpipeBatch, r, prompts: list[list[int]], tick) -> 
             done_at[index] = time.perf_counter()
 
     batcher = system.batcher(on_token=on_token)  # the timed passes' cache and plans: serving, not building
+    warmed = warm_buckets(batcher.decoder)  # buckets the timed batch sizes never used (a server builds them first)
+    before_builds = batcher.decoder.builds
     t0 = time.perf_counter()
     submitted = 0
     while True:
@@ -233,7 +236,25 @@ def continuous_run(system: FuelpipeBatch, r, prompts: list[list[int]], tick) -> 
     return {"system": system.name, "requests": r.requests, "arrival_rate": r.arrival_rate, "total_s": total,
             "tokens": tokens, "tokens_per_s": tokens / total if total else None,
             "latency_ms_p50": _pct(latency, 50), "latency_ms_p99": _pct(latency, 99),
-            "finished": len(done_at), "mean_batch": batcher.describe()["mean_batch"]}
+            "finished": len(done_at), "mean_batch": batcher.describe()["mean_batch"], "buckets_warmed_first": warmed,
+            "builds_during_run": batcher.decoder.builds - before_builds}
+
+
+def warm_buckets(decoder) -> list[int]:
+    """Build the held plan of every bucket ``decoder`` has not used yet, with one throwaway step on that many
+    fresh rows (released after). Returns the buckets built."""
+    todo = [b for b in decoder.spec.buckets if b not in decoder.plans]
+    for bucket in todo:
+        rows = [decoder.kv.acquire() for _ in range(bucket)]
+        try:
+            for row in rows:
+                row.reserve(2)
+            logits = decoder.prefill(rows, [[0]] * bucket)
+            decoder.step(rows, [int(t) for t in logits.argmax(-1)])
+        finally:
+            for row in rows:
+                decoder.kv.release(row)
+    return todo
 
 
 def _pct(xs: list[float], q: float) -> Optional[float]:

@@ -29,6 +29,9 @@ class PeersConfig:
     replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
     transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
     llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
+    # Run every transformers and llama.cpp row in its own worker process: a peer that crashes (a signal in
+    # native code) becomes that row's status and the run goes on. False: everything in this process.
+    isolate: bool = True
     # Low-bit rows (weights.dtype kinds): the same checkpoint packed at load, plan_once on a contiguous
     # cache for each of ``quantized_backends``, beside llama.cpp Q8_0 (written from the F32 file) and the
     # original file. Their greedy agreement with the reference is reported like every row's.

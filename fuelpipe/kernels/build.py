@@ -55,7 +55,7 @@ def build_digest() -> str:
 def _machine() -> str:
     """What ``-march=native`` builds for: the CPU model and flags, and the compiler cpp_extension runs
     (``$CXX`` or ``c++``) with its version. Cheap: no inductor import (seconds) just to find a built file."""
-    from fuelpipe.plan.plan_cache_key import cpu_model_and_flags
+    from fuelpipe.machine import cpu_model_and_flags
 
     model, flags = cpu_model_and_flags()
     compiler = os.environ.get("CXX", "c++")

@@ -36,6 +36,7 @@ import torch
 import torch.fx as fx
 
 import fuelpipe
+from fuelpipe.machine import cpu_model_and_flags
 
 FORMAT = "fuelpipe-plan-cache/1"
 # Source files whose code shapes what a plan compiles beyond the traced graph: the passes
@@ -137,21 +138,6 @@ def recipe_source_digest(fx_passes: Iterable[str] = (), modules: Iterable[str] =
     for path in sorted(files):
         h.update(str(path.name).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
-
-
-@functools.cache
-def cpu_model_and_flags() -> tuple[str, str]:
-    """The CPU's model name and its sorted feature flags (``/proc/cpuinfo``; the platform's name elsewhere)."""
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return model, flags
 
 
 @functools.cache

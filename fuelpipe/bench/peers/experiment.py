@@ -8,8 +8,8 @@ are reported as unavailable, never silently dropped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 from omegaconf import DictConfig
 
+from fuelpipe.bench.peers.isolated import IsolatedSystem
 from fuelpipe.bench.peers.floor import decode_floor, measure_in_subprocess
 from fuelpipe.bench.peers.report import bar_chart, markdown
 from fuelpipe.bench.peers.run import add_ratios, run_systems, summarize
@@ -24,6 +25,7 @@ from fuelpipe.bench.peers.systems import FuelpipeSystem, LlamaCppSystem, PeerSys
 from fuelpipe.config.schema import Weights
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
+from fuelpipe.machine import cpu_name, speed_extensions
 from fuelpipe.results import git_hash
 
 REFERENCE = "transformers dynamic"
@@ -39,16 +41,6 @@ def checkpoint_gguf(m: DictConfig) -> Optional[Path]:
     return None
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
     p = cfg.experiment.peers
     systems: list[PeerSystem] = []
@@ -62,28 +54,38 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
                 systems.append(FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap))
     systems += quantized_systems(cfg, asm)
     path = checkpoint_gguf(cfg.model)
-    shared: dict = {}
+    threads = torch.get_num_threads()
+    no_gguf = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
+    shared: dict = {}  # in-process transformers modes share one loaded model
     for mode in p.transformers:
-        s = TransformersSystem(path or Path("."), mode, shared)
+        s = _peer(p, functools.partial(TransformersSystem, path or Path("."), mode, {} if p.isolate else shared),
+                  threads)
         if path is None:
-            s.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
+            s.missing = no_gguf
         systems.append(s)
     if p.llama_cpp:
         n_ctx = p.prompt_tokens + p.new_tokens + 8
-        f32 = LlamaCppSystem(None, "F32", "f32", torch.get_num_threads(), n_ctx)
-        orig = LlamaCppSystem(path, f"{_file_type(path)} (original file)", _file_type(path).lower(),
-                              torch.get_num_threads(), n_ctx)
-        q8 = LlamaCppSystem(None, "Q8_0 (from the F32 file)", "q8_0", torch.get_num_threads(), n_ctx)
-        if path is None:
-            f32.missing = orig.missing = q8.missing = "needs the checkpoint as a GGUF file (model.weights=shipped or gguf)"
-        elif not f32.missing:
+        f32_path = q8_path = None
+        if path is not None and LlamaCppSystem(None, "", "", threads, n_ctx).missing is None:
             from fuelpipe.bench.peers.f32_gguf import f32_gguf_path, q8_0_gguf_path
             from fuelpipe.weights.named import cache_dir
 
-            f32.path = f32_gguf_path(path, cache_dir())
-            q8.path = q8_0_gguf_path(f32.path)
-        systems += [f32, orig] + ([q8] if p.quantized else [])
+            f32_path = f32_gguf_path(path, cache_dir())
+            q8_path = q8_0_gguf_path(f32_path)
+        rows = [(f32_path, "F32", "f32"), (path, f"{_file_type(path)} (original file)", _file_type(path).lower())]
+        if p.quantized:
+            rows.append((q8_path, "Q8_0 (from the F32 file)", "q8_0"))
+        for file, label, weights in rows:
+            s = _peer(p, functools.partial(LlamaCppSystem, file, label, weights, threads, n_ctx), threads)
+            if path is None and not s.missing:
+                s.missing = no_gguf
+            systems.append(s)
     return systems
+
+
+def _peer(p, make, threads: int) -> PeerSystem:
+    """A peer system: in its own worker process (``experiment.peers.isolate``), or in this one."""
+    return IsolatedSystem(make, threads) if p.isolate else make()
 
 
 def _file_type(path: Optional[Path]) -> str:
@@ -176,7 +178,8 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
         "prompt_ids": prompt,
         "reference": REFERENCE if REFERENCE in names else None,
         "peers": peers,
-        "env": {"threads": threads, "cpu": cpu_name(), "torch": torch.__version__, "peak_rss_mb": peak_rss_mb(),
+        "env": {"threads": threads, "cpu": cpu_name(), "cpu_extensions": speed_extensions(),
+                "peers_isolated": bool(p.isolate), "torch": torch.__version__, "peak_rss_mb": peak_rss_mb(),
                 "versions": peer_versions(), "git": git_hash(), "fx_passes": list(asm.setup.backend.fx_passes),
                 "load_avg_1m_before": load_before[0], "load_avg_1m_after": load_after[0],
                 "bandwidth_gb_s_before_after": [bandwidth_before, bandwidth_after.gb_s]},

@@ -15,7 +15,8 @@ def markdown(doc: dict) -> str:
         f"# Decode speed: {doc['model']} ({doc['dtype']}), {doc['prompt_tokens']}-token prompt, "
         f"{doc['new_tokens']} new tokens, greedy, {env['threads']} threads",
         "",
-        f"Machine: {env['cpu']}; torch {env['torch']}; "
+        f"Machine: {env['cpu']} (extensions: {' '.join(env.get('cpu_extensions') or ['not recorded'])}); "
+        f"torch {env['torch']}; "
         + ", ".join(f"{k} {v or 'not installed'}" for k, v in env.get("versions", {}).items())
         + f"; commit {env.get('git')}; fx passes {env.get('fx_passes')}; 1-min load average "
         f"{env.get('load_avg_1m_before', 0):.2f} before, {env.get('load_avg_1m_after', 0):.2f} after. "
@@ -32,9 +33,12 @@ def markdown(doc: dict) -> str:
         "(plan build / compile included), `build ms` one fuelpipe plan build. "
         "`vs X` is X's ms/token over the row's (above 1: the row is faster). "
         "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + " ([n tokens] when a "
-        "replan row generated fewer). All systems share one process (peak RSS "
-        f"{env.get('peak_rss_mb', 0):.0f} MB); `RSS growth` is the process's growth over a system's setup and "
-        "warm-up, so another system's freed memory can make it negative.",
+        "replan row generated fewer). The fuelpipe rows share this process (peak RSS "
+        f"{env.get('peak_rss_mb', 0):.0f} MB; `RSS growth` is its growth over a row's setup and warm-up, so another "
+        "row's freed memory can make it negative); "
+        + ("each peer runs in its own worker process (its `RSS growth` is the worker's), so a peer that crashes is "
+           "a row with its status and the run goes on." if env.get("peers_isolated", True) else
+           "the peers ran in this process too (experiment.peers.isolate=false)."),
         "",
     ]
     head = ["system", "weights", "ms/token", "p10-p90", "reps", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]

@@ -18,6 +18,7 @@ import psutil
 
 from fuelpipe.bench.decode import percentile
 from fuelpipe.bench.peers.floor import Floor
+from fuelpipe.bench.peers.isolated import PeerCrashed
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
 
@@ -31,6 +32,8 @@ class SystemRecord:
     warmup_run_s: float = 0.0  # the first generation's wall time: plan builds and compiles land here
     cold: Optional[RunTrace] = None
     timed: list[RunTrace] = field(default_factory=list)
+    crashed: Optional[str] = None  # the system's worker died (or failed): why, and when
+    details: dict = field(default_factory=dict)  # the system's own build / compile costs
 
     @property
     def steps(self) -> list[float]:
@@ -46,26 +49,44 @@ def run_systems(
 ) -> list[SystemRecord]:
     proc = psutil.Process()
     records = []
-    for s in systems:
-        rec = SystemRecord(s)
-        records.append(rec)
-        if s.missing:
-            continue
-        before = proc.memory_info().rss
-        s.setup()
-        t0 = time.perf_counter()
-        rec.cold = s.run(prompt, _tokens_for(s, new_tokens))
-        rec.warmup_run_s = time.perf_counter() - t0
-        rec.footprint_mb = (proc.memory_info().rss - before) / MB
-        if on_progress:
-            on_progress(f"warm-up {s.name}")
-    live = [r for r in records if not r.system.missing]
-    for rep in range(reps):
-        shift = rep % max(1, len(live))
-        for rec in live[shift:] + live[:shift]:
-            rec.timed.append(rec.system.run(prompt, _tokens_for(rec.system, new_tokens)))
+    try:
+        for s in systems:
+            rec = SystemRecord(s)
+            records.append(rec)
+            if s.missing:
+                continue
+            before = proc.memory_info().rss
+            t0 = time.perf_counter()
+            try:
+                s.setup()
+                t0 = time.perf_counter()
+                rec.cold = s.run(prompt, _tokens_for(s, new_tokens))
+            except PeerCrashed as err:
+                rec.crashed = f"{err} (warm-up)"
+                continue
+            rec.warmup_run_s = time.perf_counter() - t0
+            own = getattr(s, "worker_footprint_mb", None)  # an isolated peer's growth is its worker's
+            rec.footprint_mb = own if own is not None else (proc.memory_info().rss - before) / MB
             if on_progress:
-                on_progress(f"rep {rep + 1}/{reps} {rec.system.name}")
+                on_progress(f"warm-up {s.name}")
+        live = [r for r in records if not r.system.missing and r.crashed is None]
+        for rep in range(reps):
+            shift = rep % max(1, len(live))
+            for rec in live[shift:] + live[:shift]:
+                if rec.crashed is not None:
+                    continue
+                try:
+                    rec.timed.append(rec.system.run(prompt, _tokens_for(rec.system, new_tokens)))
+                except PeerCrashed as err:
+                    rec.crashed = f"{err} (repetition {rep + 1})"
+                if on_progress:
+                    on_progress(f"rep {rep + 1}/{reps} {rec.system.name}")
+        for rec in records:  # read while the workers live
+            rec.details = rec.system.details() if rec.crashed is None and not rec.system.missing else {}
+    finally:
+        for s in systems:
+            if hasattr(s, "close"):
+                s.close()
     return records
 
 
@@ -83,8 +104,8 @@ def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str
     for rec in records:
         s = rec.system
         row: dict = {"system": s.name, "group": s.group, "weights": s.weights}
-        if s.missing:
-            row["status"] = s.missing
+        if s.missing or rec.crashed:
+            row["status"] = s.missing or rec.crashed
             rows.append(row)
             continue
         steps = rec.steps
@@ -112,7 +133,7 @@ def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str
             tokens_match_reference=None if agree is None else agree == len(tokens),
             tokens_agreeing=agree,
             deterministic=same_every_rep,
-            **s.details(),
+            **rec.details,
         )
         rows.append(row)
     return rows

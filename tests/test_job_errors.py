@@ -202,3 +202,4 @@ def test_several_prompts_with_one_too_long_is_refused_up_front(compose_cfg, tiny
     doc = run_job(cfg)
     assert doc["status"] == "config_error"
     assert any("experiment.generate.prompts[1]" in r and "max_position_embeddings" in r for r in doc["reasons"])
+

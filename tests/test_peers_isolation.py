@@ -74,6 +74,8 @@ def test_crashing_peers_become_rows_and_the_run_goes_on():
     ok = {r["system"]: r for r in rows if r["status"] == "ok"}
     assert ok["steady"]["tokens_per_s"] == 500.0 and len(records[0].timed) == 3
     assert ok["steady"]["pid"] != os.getpid()  # it ran in its own worker
+    assert set(ok["steady"]["peak_rss_mb"]) == {"load", "build", "decode"}
+    assert all(v > 0 for v in ok["steady"]["peak_rss_mb"].values())  # the worker's peaks, read there
     assert all(s._proc is None for s in systems)  # every worker is gone after the run
     doc = {"rows": rows, "floor": {"bytes_per_token": 1e6, "weight_bytes": 1e6, "kv_bytes": 0.0,
                                    "bandwidth_gb_s": 10.0, "bandwidth_method": "test", "ms_per_token": 0.1},

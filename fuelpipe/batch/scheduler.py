@@ -298,11 +298,15 @@ class ContinuousBatcher:
     def describe(self) -> dict:
         tokens = sum(len(r.tokens) for r in self.results)
         decoded = sum(self.batch_sizes)
+        build_s = sum(p.stats.build_s for p in self.decoder.plans.values())
+        steady = self.decode_s - build_s
         return {**self.decoder.describe(), "requests": len(self.results),
                 "refused": sum(r.finish == "refused" for r in self.results),
                 "errors": sum(r.finish == "error" for r in self.results),
                 "tokens": tokens, "decode_s": self.decode_s, "prefill_s": self.prefill_s,
                 "prefill_calls": self.prefill_calls,
-                "decode_tokens_per_s": decoded / self.decode_s if self.decode_s else None,
+                # steady state: the bucket plans' builds (inside the steps that built them) taken out
+                "decode_tokens_per_s": decoded / steady if steady > 0 else None,
+                "plan_build_s": build_s,
                 "mean_batch": decoded / len(self.batch_sizes) if self.batch_sizes else None,
                 "bytes_per_row": self.kv.bytes_per_slot()}

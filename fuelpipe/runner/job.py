@@ -14,6 +14,7 @@ from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
 from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
 from fuelpipe.runner.assemble import assemble
+from fuelpipe.bench.rss import PhasePeaks
 from fuelpipe.runner.generate import plan_generation, run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
 from fuelpipe.stages import enabled_stages
@@ -55,6 +56,8 @@ def run_job(
 
 def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     asm = request = None
+    phases = PhasePeaks()  # resident memory per phase: load, prefill, first decode (plan build), decode, checks
+    phases.start("load")
     try:
         reasons = validate(cfg)
     except BAD_INPUT as err:  # e.g. two installed packages registering one family name
@@ -80,7 +83,8 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
         from fuelpipe.bench.decode import unused_plan_cache
 
         log.warning("fuelpipe: backend.plan_cache is set but %s", unused_plan_cache(cfg.backend.name))
-    generation = run_generation(cfg, asm, request)  # first, so a user sees real text before the checks run
+    generation = run_generation(cfg, asm, request, phases=phases)  # first: a user sees text before the checks
+    phases.start("checks")  # oracles, stages and the benchmark
     names = enabled_oracles(exp)
     sections = {stage.results_key: stage.run(exp[stage.name], cfg, asm, _output_dirs()) for stage in enabled_stages(exp)}
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
@@ -109,7 +113,25 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     doc["generation"] = generation
     doc.update(sections)
     doc["load"] = asm.load or None
+    doc["memory"] = memory_record(phases, asm, generation)
     return doc
+
+
+def memory_record(phases: PhasePeaks, asm, generation: Optional[dict]) -> dict[str, Any]:
+    """Peak resident memory per phase, beside what the model's weights and the generation's KV occupy."""
+    from fuelpipe.bench.rss import MB
+
+    rec = phases.report()
+    weights = sum(t.numel() * t.element_size() for t in [*asm.model.parameters(), *asm.model.buffers()]) / MB
+    kv = (generation or {}).get("kv_bytes", 0) / MB
+    baseline = rec["phases"].get("load", {}).get("start_mb")
+    gen_phases = [v["peak_mb"] for k, v in rec["phases"].items() if k != "checks" and "peak_mb" in v]
+    rec.update(weights_mb=weights, kv_mb=kv, baseline_mb=baseline,
+               generate_peak_mb=max(gen_phases) if gen_phases else None)
+    if baseline is not None and gen_phases and weights + kv > 0:
+        # issue 15's budget: peak <= 1.3 x (weights + KV) + the interpreter's baseline
+        rec["generate_peak_over_weights_and_kv"] = (max(gen_phases) - baseline) / (weights + kv)
+    return rec
 
 
 def _loaded_stage_reasons(cfg: DictConfig, asm) -> list[str]:

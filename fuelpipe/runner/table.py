@@ -30,15 +30,31 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(
             f"generated {gen['new_tokens']} tokens for {len(gen['requests'])} prompts ({done} finished) in batches of "
             f"up to {bt['max_batch']} (mean {bt['mean_batch'] or 0:.1f}): "
-            f"{'-' if rate is None else f'{rate:.1f}'} decoded tokens/s, {bt['builds']} plan build(s) "
-            f"{bt['builds_per_bucket']}, {bt['plans_held']} held; KV {bt['kv_bytes_per_row'] / 2**20:.1f} MiB per row"
+            f"{'-' if rate is None else f'{rate:.1f}'} decoded tokens/s (builds taken out), {bt['builds']} plan "
+            f"build(s) {bt['builds_per_bucket']} {1000.0 * gen.get('plan_build_s', 0.0):.0f} ms, "
+            f"{bt['plans_held']} held; "
+            f"prompts {1000.0 * gen.get('prefill_s', 0.0):.0f} ms in {gen.get('prefill_calls', '?')} packed call(s); "
+            f"KV {bt['kv_bytes_per_row'] / 2**20:.1f} MiB per row"
         )
     elif gen:
-        speed = f"{gen['tokens_per_s']:.1f} tokens/s ({gen['ms_per_token']:.1f} ms/token)" if gen["tokens_per_s"] else "-"
+        speed = (f"decode {gen['ms_per_token']:.1f} ms/token ({gen['tokens_per_s']:.1f} tokens/s, median of "
+                 f"{gen.get('steady_steps', '?')} steady steps)" if gen.get("tokens_per_s") else "decode -")
+        first = gen.get("first_decode_ms")
         lines.append(
-            f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt: {speed}, "
-            f"prefill {gen['prefill_ms']:.0f} ms, {gen['plan_builds']} plan build(s)"
+            f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt: {speed}; "
+            f"prefill {gen['prefill_ms']:.0f} ms"
+            + (f" (its program build {gen['prefill_build_ms']:.0f} ms)" if gen.get("prefill_build_ms") else "")
+            + f"; {gen['plan_builds']} plan build(s) {1000.0 * gen.get('plan_build_s', 0.0):.0f} ms"
+            + (f" (first decode step {first:.0f} ms, build included)" if first is not None else "")
         )
+    mem = doc.get("memory")
+    if mem and mem.get("generate_peak_mb") is not None:
+        peaks = ", ".join(f"{k} {v['peak_mb']:.0f}" for k, v in mem["phases"].items() if "peak_mb" in v)
+        lines.append(
+            f"memory: peak RSS MB per phase {peaks}" + ("" if mem["peak_resets"] else " (lifetime peaks: no reset)")
+            + f"; weights {mem['weights_mb']:.0f} MB + KV {mem['kv_mb']:.1f} MB over a {mem['baseline_mb']:.0f} MB "
+            f"baseline" + (f" (generation peak = baseline + {mem['generate_peak_over_weights_and_kv']:.2f}x that)"
+                           if mem.get("generate_peak_over_weights_and_kv") is not None else ""))
     if doc.get("error"):
         lines.append(f"error: fuelpipe itself failed (a bug, not your configuration): {doc['error']['type']}: "
                      f"{doc['error']['message']}")

@@ -9,8 +9,8 @@ systems exactly as before). The parent sends commands over a pipe; when the
 worker dies, the command raises ``PeerCrashed`` naming the signal (or exit
 code), and the benchmark reports that as the row's status and goes on.
 
-The worker runs on the parent's thread count. Its own resident memory is
-reported in place of the parent's growth (the parent's RSS does not see it).
+The worker runs on the parent's thread count. Its own resident memory (growth
+and per-phase peaks) is reported in place of the parent's, which does not see it.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def _serve(conn, make: Callable[[], PeerSystem], threads: int) -> None:
     import psutil
     import torch
 
+    from fuelpipe.bench.rss import peak_mb, reset_peak
+
     torch.set_num_threads(threads)
     system = make()
     proc = psutil.Process()
@@ -43,11 +45,15 @@ def _serve(conn, make: Callable[[], PeerSystem], threads: int) -> None:
         if cmd == "stop":
             return
         try:
-            if cmd == "setup":
+            if cmd == "setup":  # with the worker's peak resident set during it
                 baseline = proc.memory_info().rss
-                out = system.setup()
-            elif cmd == "run":  # with the worker's growth since setup began (weights, caches, compiled code)
-                out = (system.run(*args), (proc.memory_info().rss - baseline) / MB)
+                reset_peak()
+                system.setup()
+                out = peak_mb()
+            elif cmd == "run":  # with its peak, and the worker's growth since setup began (weights, caches, code)
+                reset_peak()
+                trace = system.run(*args)
+                out = (trace, peak_mb(), (proc.memory_info().rss - baseline) / MB)
             elif cmd == "details":
                 out = system.details()
             else:
@@ -79,6 +85,7 @@ class IsolatedSystem(PeerSystem):
         self._conn = None
         self._details: dict = {}
         self.worker_footprint_mb: Optional[float] = None
+        self.last_peak_mb: Optional[float] = None  # the worker's peak resident set during the last command
 
     def _call(self, cmd: str, *args):
         if self._proc is None:
@@ -101,10 +108,10 @@ class IsolatedSystem(PeerSystem):
         return out
 
     def setup(self) -> None:
-        self._call("setup")
+        self.last_peak_mb = self._call("setup")
 
     def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
-        trace, footprint = self._call("run", prompt, new_tokens)
+        trace, self.last_peak_mb, footprint = self._call("run", prompt, new_tokens)
         if self.worker_footprint_mb is None:  # after the warm-up run, as the in-process rows measure it
             self.worker_footprint_mb = footprint
         return trace

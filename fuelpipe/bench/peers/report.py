@@ -38,11 +38,14 @@ def markdown(doc: dict) -> str:
         "row's freed memory can make it negative); "
         + ("each peer runs in its own worker process (its `RSS growth` is the worker's), so a peer that crashes is "
            "a row with its status and the run goes on." if env.get("peers_isolated", True) else
-           "the peers ran in this process too (experiment.peers.isolate=false)."),
+           "the peers ran in this process too (experiment.peers.isolate=false).")
+        + " `peak RSS` is the peak resident set of the row's process during its setup (load), its warm-up run "
+        "(build: plans, compiles) and its timed runs (decode); in this process it includes every row loaded before.",
         "",
     ]
     head = ["system", "weights", "ms/token", "p10-p90", "reps", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
-    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB"]
+    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB",
+             "peak RSS MB load / build / decode"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows:
@@ -63,6 +66,7 @@ def markdown(doc: dict) -> str:
         cells += [
             _f(r["first_token_ms"]), _f(r["warmup_run_s"]), _f(r.get("plan_build_ms")),
             _f(r.get("replan_over_plan_once"), "{:.1f}x"), match_s, _f(r["footprint_mb"], "{:.0f}"),
+            " / ".join(_f((r.get("peak_rss_mb") or {}).get(k), "{:.0f}") for k in ("load", "build", "decode")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     best = doc.get("best_fuelpipe")

@@ -21,6 +21,7 @@ from fuelpipe.bench.peers.floor import Floor
 from fuelpipe.bench.peers.isolated import PeerCrashed
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
+from fuelpipe.bench.rss import peak_mb, reset_peak
 
 MB = 1024 * 1024
 
@@ -34,6 +35,7 @@ class SystemRecord:
     timed: list[RunTrace] = field(default_factory=list)
     crashed: Optional[str] = None  # the system's worker died (or failed): why, and when
     details: dict = field(default_factory=dict)  # the system's own build / compile costs
+    peak_mb: dict = field(default_factory=dict)  # per phase (load, build, decode): the peak resident set, MB
 
     @property
     def steps(self) -> list[float]:
@@ -58,9 +60,9 @@ def run_systems(
             before = proc.memory_info().rss
             t0 = time.perf_counter()
             try:
-                s.setup()
+                _phase(rec, "load", s.setup)
                 t0 = time.perf_counter()
-                rec.cold = s.run(prompt, _tokens_for(s, new_tokens))
+                rec.cold = _phase(rec, "build", lambda: s.run(prompt, _tokens_for(s, new_tokens)))
             except PeerCrashed as err:
                 rec.crashed = f"{err} (warm-up)"
                 continue
@@ -76,7 +78,8 @@ def run_systems(
                 if rec.crashed is not None:
                     continue
                 try:
-                    rec.timed.append(rec.system.run(prompt, _tokens_for(rec.system, new_tokens)))
+                    rec.timed.append(_phase(rec, "decode", lambda: rec.system.run(prompt, _tokens_for(rec.system,
+                                                                                                        new_tokens))))
                 except PeerCrashed as err:
                     rec.crashed = f"{err} (repetition {rep + 1})"
                 if on_progress:
@@ -88,6 +91,16 @@ def run_systems(
             if hasattr(s, "close"):
                 s.close()
     return records
+
+
+def _phase(rec: SystemRecord, name: str, fn):
+    """Run ``fn`` and keep the highest peak resident set seen in phase ``name``: the worker's for an isolated
+    peer, this process's otherwise (its peak reset first, where the OS allows)."""
+    reset_peak()
+    out = fn()
+    own = getattr(rec.system, "last_peak_mb", None)
+    rec.peak_mb[name] = max(rec.peak_mb.get(name, 0.0), own if own is not None else peak_mb())
+    return out
 
 
 def _tokens_for(s: PeerSystem, new_tokens: int) -> int:
@@ -130,6 +143,7 @@ def summarize(records: list[SystemRecord], floor: Floor, reference: Optional[str
             first_token_ms=statistics.median(t.first_token_ms for t in rec.timed),
             warmup_run_s=rec.warmup_run_s,
             footprint_mb=rec.footprint_mb,
+            peak_rss_mb=dict(rec.peak_mb),  # per phase: load (setup), build (warm-up run), decode (timed runs)
             tokens_match_reference=None if agree is None else agree == len(tokens),
             tokens_agreeing=agree,
             deterministic=same_every_rep,

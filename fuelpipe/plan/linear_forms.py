@@ -64,8 +64,10 @@ class LinearForm:
 
     name: str
     usable: Callable[[nn.Linear, int, int], bool]
-    weight: Callable[[nn.Linear], object]
-    call: Callable[..., torch.Tensor]  # (x, weight-object, bias) -> y; an fx call_function target or wrapper
+    weight: Callable[[nn.Linear], object]  # a tensor, or (tensor, static argument baked into the call)
+    call: Callable[..., torch.Tensor]  # (x, weight-object, bias) -> y, eagerly (measuring, the readable form)
+    # (graph, x, weight buffer, static argument, bias buffer or None) -> the node computing y, in a traced graph
+    emit: Optional[Callable[..., fx.Node]] = None
 
     def runner(self, lin: nn.Linear) -> Runner:
         w, b = self.weight(lin), (lin.bias.detach() if lin.bias is not None else None)
@@ -103,24 +105,38 @@ def _gemm_call(x, w, b):
     return y if b is None else y + b
 
 
+def _split_emit(g: fx.Graph, x, w, wide, b):
+    return g.call_function(torch.ops.fuelpipe.split_gemv.default, (x, w, b, wide))
+
+
+def _panels_emit(g: fx.Graph, x, w, out_features, b):
+    return g.call_function(torch.ops.fuelpipe_kernels.f32_panel_linear.default, (x, w, out_features, b))
+
+
+def _gemm_emit(g: fx.Graph, x, w, _static, b):
+    y = g.call_function(torch.matmul, (x, w))
+    return y if b is None else g.call_function(operator.add, (y, b))
+
+
 FORMS: dict[str, LinearForm] = {
     "linear": LinearForm("linear", lambda lin, rows, threads: True, lambda lin: lin.weight.detach(),
-                         lambda x, w, b: F.linear(x, w, b)),
+                         lambda x, w, b: F.linear(x, w, b)),  # the traced call as it is: nothing to emit
     "split_gemv": LinearForm(
         "split_gemv", lambda lin, rows, threads: rows == 1 and worth_splitting(lin.weight, threads),
-        _split_copy, _split_call),
+        _split_copy, _split_call, _split_emit),
     "gemm_transposed": LinearForm(
         "gemm_transposed", lambda lin, rows, threads: rows > 1 and lin.weight.device.type == "cpu",
-        lambda lin: derived("transposed", sources_of(lin), lambda: lin.weight.detach().t().contiguous()), _gemm_call),
+        lambda lin: derived("transposed", sources_of(lin), lambda: lin.weight.detach().t().contiguous()), _gemm_call,
+        _gemm_emit),
     "panels": LinearForm("panels", lambda lin, rows, threads: _cpu_f32(lin) and kernels_available() is None,
-                         _panels_copy, _panels_call),
+                         _panels_copy, _panels_call, _panels_emit),
 }
 # The negative control's forms (Fault.SPLIT_PARTS_INTERLEAVED): outputs assembled in the wrong order.
 FAULTY_FORMS: dict[str, LinearForm] = {
     "split_gemv": LinearForm("split_gemv_interleaved", FORMS["split_gemv"].usable,
-                             lambda lin: _split_copy(lin, split_weight_interleaved), _split_call),
+                             lambda lin: _split_copy(lin, split_weight_interleaved), _split_call, _split_emit),
     "panels": LinearForm("panels_misordered", FORMS["panels"].usable,
-                         lambda lin: _panels_copy(lin, pack_panels_misordered), _panels_call),
+                         lambda lin: _panels_copy(lin, pack_panels_misordered), _panels_call, _panels_emit),
 }
 
 
@@ -128,48 +144,39 @@ FAULTY_FORMS: dict[str, LinearForm] = {
 
 def rewrite(gm: fx.GraphModule, node: fx.Node, lin: nn.Linear, form: LinearForm, index: int) -> None:
     """Replace the linear call ``node`` by ``form``'s call; its weight copy becomes a buffer of ``gm``."""
-    if form.name == "linear":
+    if form.emit is None:  # F.linear: the traced call already is this form
         return
     w = form.weight(lin)
+    weight, static = w if isinstance(w, tuple) else (w, None)
     with gm.graph.inserting_before(node):
         b_node = None
         if lin.bias is not None:
             gm.register_buffer(f"form_bias_{index}", lin.bias.detach())
             b_node = gm.graph.get_attr(f"form_bias_{index}")
-        if isinstance(w, tuple):  # (tensor, static argument): the static part is baked into the call
-            gm.register_buffer(f"form_weight_{index}", w[0])
-            w_node = gm.graph.get_attr(f"form_weight_{index}")
-            if form.call is _split_call:
-                out = gm.graph.call_function(torch.ops.fuelpipe.split_gemv.default, (node.args[0], w_node, b_node, w[1]))
-            else:
-                out = gm.graph.call_function(torch.ops.fuelpipe_kernels.f32_panel_linear.default,
-                                             (node.args[0], w_node, w[1], b_node))
-        else:
-            gm.register_buffer(f"form_weight_{index}", w)
-            out = gm.graph.call_function(torch.matmul, (node.args[0], gm.graph.get_attr(f"form_weight_{index}")))
-            if b_node is not None:
-                out = gm.graph.call_function(operator.add, (out, b_node))
+        gm.register_buffer(f"form_weight_{index}", weight)
+        out = form.emit(gm.graph, node.args[0], gm.graph.get_attr(f"form_weight_{index}"), static, b_node)
     node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
 
 
 def rewrite_all(gm: fx.GraphModule, choose: Callable[[nn.Linear], Optional[LinearForm]]) -> int:
     """Rewrite every linear for which ``choose`` names a form other than ``linear``. Returns how many."""
-    done = 0
+    done, index = 0, _first_free_index(gm)
     for node in list(gm.graph.nodes):
         lin = linear_of(gm, node)
         form = choose(lin) if lin is not None else None
-        if form is None or form.name == "linear":
+        if form is None or form.emit is None:
             continue
-        rewrite(gm, node, lin, form, _next_index(gm))
-        done += 1
+        rewrite(gm, node, lin, form, index)
+        done, index = done + 1, index + 1
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
     return done
 
 
-def _next_index(gm: fx.GraphModule) -> int:
+def _first_free_index(gm: fx.GraphModule) -> int:
+    """The first index no earlier rewrite of ``gm`` used for its buffers."""
     i = 0
     while hasattr(gm, f"form_weight_{i}") or hasattr(gm, f"form_bias_{i}"):
         i += 1

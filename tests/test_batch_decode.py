@@ -1,9 +1,10 @@
 """Batched decode through the Python API: ragged rows equal their solo runs, bucket plans, typed refusals."""
-import functools
 
 import pytest
 import torch
 
+from batch_helpers import WIDTH, tiny
+from batch_helpers import batch_cache as _batch_cache
 from conftest import default_or_slow
 from fuelpipe.batch import BatchDecoder, BatchSpec, ContinuousBatcher, Request, Sampling
 from fuelpipe.context import InferenceContext
@@ -11,23 +12,10 @@ from fuelpipe.driver import live_key
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.kv.batch import BucketView, KvOutOfSlotsError
 from fuelpipe.plan.validity import PlanValidity
-from models.registry import build_random_model
 
-WIDTH = 48
 PROMPTS = [[3, 17, 42, 7, 99], [5, 6], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [1]]
 STEPS = 20  # generated tokens per sequence: gemma3's window (8) is crossed twice
 TOL = 1e-5
-
-
-@functools.lru_cache(maxsize=None)
-def tiny(fam):
-    return build_random_model(fam, "tiny", seed=3)
-
-
-def _batch_cache(ctx, layout, rows=4):
-    if layout == "paged":
-        return ctx.new_paged_batch(ctx.new_pool(64, 4), rows, WIDTH // 4)
-    return ctx.new_batch_cache(rows, WIDTH)
 
 
 def _solo(model, offset, layout, prompt):

@@ -1,10 +1,12 @@
 """The packed prompt step: several fresh sequences' prompts in one call, each equal to its own prefill."""
 import dataclasses
-import functools
 
 import pytest
 import torch
 
+import batch_helpers
+from batch_helpers import WIDTH
+from batch_helpers import batch_cache as _batch_cache
 from conftest import default_or_slow
 from fuelpipe.batch import BatchDecoder, BatchSpec, ContinuousBatcher, Request
 from fuelpipe.batch.packed_prefill import pack_prompts, packed_mask_variants
@@ -16,23 +18,14 @@ from fuelpipe.masks import MaskPlan
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
-from models.registry import build_random_model
 
-WIDTH = 48
 # ragged, one of a single token, one longer than gemma3's tiny sliding window (8)
 PROMPTS = [[3, 17, 42, 7, 99], [5, 6], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [1]]
 TOL = 1e-5
 
 
-@functools.lru_cache(maxsize=None)
 def tiny(fam):
-    return build_random_model(fam, "tiny", seed=5)
-
-
-def _batch_cache(ctx, layout, rows=4):
-    if layout == "paged":
-        return ctx.new_paged_batch(ctx.new_pool(64, 4), rows, WIDTH // 4)
-    return ctx.new_batch_cache(rows, WIDTH)
+    return batch_helpers.tiny(fam, seed=5)
 
 
 def _written(kv, handle, layout, n):

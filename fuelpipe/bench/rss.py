@@ -4,7 +4,9 @@ A process's lifetime peak (``ru_maxrss``) cannot say which phase set it. On
 Linux the peak (``VmHWM``) can be reset by writing 5 to
 ``/proc/self/clear_refs``, so each phase starts from the memory it inherits
 and its peak is its own. Where that is not possible, every phase reports the
-lifetime peak so far and says so (``peak_resets: false``).
+lifetime peak so far and says so (``peak_resets: false``). One reset serves one
+measurement at a time: ``bench_peers`` resets the peak per row inside the main
+job's ``checks`` phase, whose peak then covers only what followed the last row.
 """
 from __future__ import annotations
 

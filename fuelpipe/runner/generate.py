@@ -6,6 +6,7 @@ small for it) is a ``ConfigError`` there, before any generation or oracle runs.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -119,8 +120,7 @@ def decode_speed(decode_s: list[float]) -> dict[str, Any]:
     all-in mean are reported beside it.
     """
     steady = decode_s[1:] or decode_s
-    ms = sorted(1000.0 * s for s in steady)
-    median = (ms[(len(ms) - 1) // 2] + ms[len(ms) // 2]) / 2.0 if ms else None
+    median = 1000.0 * statistics.median(steady) if steady else None
     return {
         "ms_per_token": median,  # steady state: median of the decode steps after the first
         "tokens_per_s": 1000.0 / median if median else None,

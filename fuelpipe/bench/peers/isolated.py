@@ -20,9 +20,8 @@ from typing import Callable, Optional
 
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
+from fuelpipe.bench.rss import MB
 from fuelpipe.errors import FuelpipeError
-
-MB = 1024 * 1024
 
 
 class PeerCrashed(FuelpipeError):

@@ -21,9 +21,7 @@ from fuelpipe.bench.peers.floor import Floor
 from fuelpipe.bench.peers.isolated import PeerCrashed
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
-from fuelpipe.bench.rss import peak_mb, reset_peak
-
-MB = 1024 * 1024
+from fuelpipe.bench.rss import MB, peak_mb, reset_peak
 
 
 @dataclass

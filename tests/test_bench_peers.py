@@ -153,13 +153,15 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
         "experiment=bench_peers", "experiment.peers.prompt_tokens=8", "experiment.peers.new_tokens=4",
         "experiment.peers.reps=1", "experiment.peers.backends=[eager,fx]", "experiment.peers.kv_layouts=[contiguous,paged]",
         "experiment.peers.replan_new_tokens={eager: 4, fx: 3}", f"experiment.peers.record_dir={rec}",
-        "experiment.peers.quantized_backends=[fx]", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+        "experiment.peers.quantized_backends=[fx]", "experiment.peers.quantized=[int8,int4,int8:f32]",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     rows = {r["system"]: r for r in doc["peers"]["rows"]}
-    assert len([r for r in rows.values() if r["group"] == "fuelpipe" and r["status"] == "ok"]) == 8 + 2
-    for kind in ("int8/g32", "int4/g32"):  # the quantized rows: same prompt, their own weights column
+    assert len([r for r in rows.values() if r["group"] == "fuelpipe" and r["status"] == "ok"]) == 8 + 3
+    # the quantized rows: same prompt, their own weights column (16-bit activations unless an entry says f32)
+    for kind in ("int8/g32/a16", "int4/g32/a16", "int8/g32"):
         row = rows[f"fuelpipe fx plan_once contiguous {kind}"]
         assert row["status"] == "ok" and row["weights"] == kind and row["ms_per_token"] > 0
     once = rows["fuelpipe fx plan_once paged"]

@@ -11,8 +11,10 @@ from fuelpipe.faults import Fault
 from fuelpipe.kernels.build import load, vector_path
 from fuelpipe.oracles.execute import execute
 from fuelpipe.oracles.registry import oracle
+from fuelpipe.errors import ConfigError
 from fuelpipe.quant.formats import (
-    PackedWeight, QuantKind, QuantSpec, dequantize, pack_int4, quantize, unpack_int4,
+    ActivationForm, PackedWeight, QuantKind, QuantSpec, dequantize, pack_int4, quantize, quantize_activations,
+    round_trip_activations, unpack_int4,
 )
 from fuelpipe.quant.gguf_blocks import packed_from_blocks
 from fuelpipe.quant.modules import QuantEmbedding, QuantLinear, quantize_model
@@ -35,6 +37,13 @@ def _op(p: PackedWeight, x, bias=None):
     return ops.bf16_gemv(x, p.q, bias)
 
 
+def _op_a16(p: PackedWeight, x, bias=None):
+    ops = torch.ops.fuelpipe_kernels
+    if p.kind is QuantKind.int8:
+        return ops.q8_gemv_a16(x, p.q, p.scales, bias)
+    return ops.q4_gemv_a16(x, p.q, p.scales, p.mins, bias)
+
+
 def test_the_kernels_take_the_vector_path_on_an_avx2_cpu():
     flags = open("/proc/cpuinfo").read()
     want = "avx2" if all(f in flags for f in (" avx2", " fma", " f16c")) else "scalar"
@@ -55,6 +64,128 @@ def test_kernel_equals_linear_over_the_dequantized_matrix(kind, n, k, group, row
     assert got.shape == (2, rows, n)
     scale = float(want.abs().max())
     assert float((got - want).abs().max()) <= 2e-6 * scale * k ** 0.5
+
+
+# ---- 16-bit activations (ActivationForm.int16): the *_a16 kernels ----------------------------------
+
+INTEGER = [QuantKind.int8, QuantKind.int4]
+A16_TOL = 2e-7  # x max|result| x sqrt(K): f32 addition order only (measured up to ~1e-6 relative at K=1536)
+
+
+@pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
+@pytest.mark.parametrize("n,k,group", [(37, 64, 32), (96, 256, 64), (1536, 576, 32), (64, 1536, 128)])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a16_kernel_equals_linear_over_the_round_tripped_activations(kind, n, k, group, rows):
+    """The kernel computes F.linear(code * step, dequantize(w)): only the order of f32 additions differs."""
+    torch.manual_seed(n + k + rows)
+    p = quantize(torch.randn(n, k), kind, group)
+    x, bias = torch.randn(2, rows, k), torch.randn(n)
+    want = F.linear(round_trip_activations(x), dequantize(p), bias)
+    got = _op_a16(p, x, bias)
+    assert got.shape == (2, rows, n)
+    assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5
+
+
+@pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
+def test_negative_control_the_a16_tolerance_sees_the_activation_rounding(kind):
+    """The tight comparison above must fail against f32 activations: it would catch a kernel that skips
+    (or misplaces) the activation quantization."""
+    torch.manual_seed(3)
+    p = quantize(torch.randn(1536, 576), kind, 32)
+    x = torch.randn(1, 576)
+    f32 = F.linear(x, dequantize(p))
+    assert float((_op_a16(p, x) - f32).abs().max()) > A16_TOL * float(f32.abs().max()) * 576 ** 0.5
+
+
+@pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
+def test_a16_error_against_f32_activations_is_within_half_a_step_per_element(kind):
+    """|kernel - F.linear(x, W)| <= sum_k |W[n, k]| * step(k) / 2 (+ f32 rounding): the stated bound."""
+    torch.manual_seed(5)
+    p = quantize(torch.randn(256, 576), kind, 32)
+    x = torch.randn(4, 576) * torch.logspace(-3, 2, 576)  # blocks of very different magnitudes
+    w = dequantize(p)
+    _, step = quantize_activations(x)  # [4, 18]
+    bound = (w.abs() @ (step.repeat_interleave(32, dim=-1) / 2).T).T  # [4, 256]
+    err = (_op_a16(p, x) - F.linear(x, w)).abs()
+    assert bool((err <= bound * 1.01 + 1e-4 * F.linear(x.abs(), w.abs())).all())
+
+
+@pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
+def test_a16_row_does_not_depend_on_the_rows_beside_it(kind):
+    """A batch row equals the same row alone, bit for bit (batch_vs_solo relies on it)."""
+    torch.manual_seed(7)
+    p = quantize(torch.randn(300, 576), kind, 32)
+    x = torch.randn(5, 576)
+    many = _op_a16(p, x)
+    assert all(torch.equal(many[i], _op_a16(p, x[i : i + 1])[0]) for i in range(5))
+
+
+def test_a16_kernel_result_does_not_depend_on_the_thread_count():
+    p = quantize(torch.randn(512, 256), QuantKind.int8, 32)
+    x = torch.randn(1, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _op_a16(p, x)
+        torch.set_num_threads(2)
+        two = _op_a16(p, x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_activation_codes_are_symmetric_16_bit_with_zero_and_non_finite_blocks_handled():
+    x = torch.randn(3, 96)
+    x[1, :32] = 0.0  # an all-zero block: zero codes, zero step
+    codes, step = quantize_activations(x)
+    assert codes.dtype == torch.int16 and step.shape == (3, 3)
+    assert int(codes.abs().max()) == 32767 and int(codes[1, :32].abs().max()) == 0 and float(step[1, 0]) == 0.0
+    assert torch.equal(quantize_activations(-x)[0], -codes)
+    bad = x.clone()
+    bad[2, 40] = float("inf")
+    assert torch.isnan(quantize_activations(bad)[1][2, 1])
+    for kind in INTEGER:  # the NaN / inf reaches every output of that row, as with f32 activations
+        p = quantize(torch.randn(16, 96), kind, 32)
+        out = _op_a16(p, bad)
+        assert bool(torch.isnan(out[2]).all()) and bool(torch.isfinite(out[:2]).all())
+
+
+@pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
+def test_a16_kernel_takes_f32_scales_too(kind):
+    p = quantize(torch.randn(64, 128), kind, 32)
+    wide = PackedWeight(kind, p.q, p.scales.float(), None if p.mins is None else p.mins.float())
+    x = torch.randn(1, 128)
+    assert torch.allclose(_op_a16(wide, x), _op_a16(p, x), atol=1e-5)
+
+
+def test_activation_form_resolves_per_kind_and_refuses_int16_without_integer_weights():
+    assert QuantSpec(QuantKind.int8).activations is ActivationForm.int16
+    assert QuantSpec(QuantKind.int4, 32, "f32").activations is ActivationForm.f32
+    assert QuantSpec(QuantKind.bf16).activations is ActivationForm.f32
+    assert QuantSpec(QuantKind.int8).label() == "int8/g32/a16"
+    assert QuantSpec(QuantKind.int8, 32, "f32").label() == "int8/g32"
+    with pytest.raises(ConfigError, match="activations=int16 needs int8 or int4.*bf16"):
+        QuantSpec(QuantKind.bf16, 32, "int16")
+
+
+@pytest.mark.parametrize("activations,op", [("int16", "q4_gemv_a16"), ("f32", "q4_gemv")])
+def test_quantized_modules_call_the_kernel_of_their_activation_form(activations, op, monkeypatch):
+    model = build_random_model("llama", "tiny", seed=0)
+    quantize_model(model, QuantSpec(QuantKind.int4, 32, activations))
+    up = model.layers[0].mlp.up_proj
+    assert up.activations is ActivationForm(activations)
+    x = torch.randn(1, up.in_features)
+    want = _op_a16(up.packed(), x) if activations == "int16" else _op(up.packed(), x)
+    assert torch.equal(up(x), want)
+    assert activations in repr(up)
+
+
+def test_the_activation_form_is_part_of_the_plan_key():
+    a = _tiny(QuantKind.int8)
+    b = build_random_model("llama", "tiny", seed=0)
+    quantize_model(b, QuantSpec(QuantKind.int8, 32, "f32"))
+    assert a.structure()["weight_format"] != b.structure()["weight_format"]
+    assert a.shape_key() != b.shape_key()
 
 
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4])
@@ -145,7 +276,7 @@ def test_quantize_model_packs_every_matrix_and_shares_a_tied_table():
 
 def test_the_weight_format_is_part_of_the_plan_key():
     a, b, c = _tiny(QuantKind.int4), _tiny(QuantKind.int8), _tiny(QuantKind.int4, group=64)
-    assert a.structure()["weight_format"] == "int4/g32"
+    assert a.structure()["weight_format"] == "int4/g32/a16"
     assert len({a.structure()["weight_format"], b.structure()["weight_format"], c.structure()["weight_format"]}) == 3
     plain = build_random_model("llama", "tiny", seed=0)
     before = plain.shape_key()
@@ -197,6 +328,8 @@ def test_quality_oracle_skips_an_unquantized_model():
     (["weights.dtype=int4", "model.dtype=bfloat16"], "needs model.dtype=float32"),
     (["weights.dtype=int8", "weights.group_size=48"], "multiple of 32"),
     (["weights.dtype=int9"], "int9"),
+    (["weights.activations=int16"], "weights.activations=int16 needs weights.dtype=int8 or int4"),
+    (["weights.dtype=bf16", "weights.activations=int16"], "got bf16"),
 ])
 def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path):
     import subprocess
@@ -218,7 +351,8 @@ def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
 
     model = _tiny(QuantKind.int4)
     calls = lambda gm: sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                           and n.target in (torch.ops.fuelpipe_kernels.q4_gemv.default, torch.ops.fuelpipe_kernels.q8_gemv.default))
+                           and n.target in (torch.ops.fuelpipe_kernels.q4_gemv_a16.default,
+                                            torch.ops.fuelpipe_kernels.q8_gemv_a16.default))
     gm = fx.symbolic_trace(_QkvProbe(model))
     before = calls(gm)
     assert _fuse_packed_siblings(gm) == 1 and calls(gm) == before - 2  # q, k, v -> one
@@ -259,5 +393,5 @@ def test_the_main_job_runs_on_quantized_smollm2(kind, tmp_path):
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert schema_problems(doc) == [] and doc["status"] == "ok"
     quality = next(o for o in doc["oracles"] if o["name"] == "quant_quality")
-    assert quality["metric"]["kind"] == f"{kind}/g32" and quality["metric"]["positions"] > 0
+    assert quality["metric"]["kind"] == f"{kind}/g32/a16" and quality["metric"]["positions"] > 0
     assert doc["generation"]["text"].strip()

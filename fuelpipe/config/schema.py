@@ -79,12 +79,20 @@ class WeightKind(enum.Enum):
     int4 = "int4"  # weight-only, scale and min per group (GGUF Q4_1's form at group 32); vocabulary matrices int8
 
 
+class ActivationMode(enum.Enum):
+    auto = "auto"  # int16 for int8 / int4 weights, f32 otherwise
+    f32 = "f32"
+    int16 = "int16"  # quantized per 32-element block to 16 bits; integer dot products (int8 / int4 only)
+
+
 @dataclass
 class WeightsConfig:
     """How the model's matrices are held (``fuelpipe.quant``): a plan-time choice, in the plan key."""
 
     dtype: Optional[WeightKind] = None  # null: as built (model.dtype); f32 | bf16 | int8 | int4
     group_size: int = 32  # elements per scale (int8, int4): a multiple of 32 dividing every in_features
+    # What the low-bit kernels multiply the weights with (fuelpipe.quant.formats.ActivationForm); in the plan key.
+    activations: ActivationMode = ActivationMode.auto
 
 
 @dataclass

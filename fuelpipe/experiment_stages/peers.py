@@ -34,11 +34,15 @@ class PeersConfig:
     isolate: bool = True
     # Low-bit rows (weights.dtype kinds): the same checkpoint packed at load, plan_once on a contiguous
     # cache for each of ``quantized_backends``, beside llama.cpp Q8_0 (written from the F32 file) and the
-    # original file. Their greedy agreement with the reference is reported like every row's.
+    # original file. Their greedy agreement with the reference is reported like every row's. An entry is a
+    # kind (activations as weights.activations) or kind:activations, e.g. int8:f32 beside int8 (16-bit).
     quantized: List[str] = field(default_factory=lambda: ["int8", "int4"])
     quantized_backends: List[str] = field(default_factory=lambda: ["fx", "inductor"])
     record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
 
+
+
+QUANTIZED_ROWS = ["bf16", "int8", "int4", "int8:f32", "int4:f32", "int8:int16", "int4:int16"]
 
 
 def validate(p) -> list[str]:
@@ -53,7 +57,7 @@ def validate(p) -> list[str]:
         ("plans", p.plans, [m.value for m in PlanMode]),
         ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
         ("transformers", p.transformers, TransformersSystem.MODES),
-        ("quantized", p.quantized, ["bf16", "int8", "int4"]),
+        ("quantized", p.quantized, QUANTIZED_ROWS),
         ("quantized_backends", p.quantized_backends, BACKENDS),
     ):
         for v in values:

@@ -1,6 +1,6 @@
 """Compile and load fuelpipe's C++ operators once per machine.
 
-``quant_gemv.cpp``: low-bit weight products; ``f32_panels.cpp``: f32 linears on
+``quant_gemv.cpp``: low-bit weight products (f32 or 16-bit activations); ``f32_panels.cpp``: f32 linears on
 panel-packed weights (``fuelpipe.plan.panels``). One library, ``torch.ops.fuelpipe_kernels``.
 
 The library is built on first use with the C++ compiler torch's own extensions
@@ -112,6 +112,7 @@ def load() -> str:
 def _has_ops() -> bool:
     try:
         torch.ops.fuelpipe_kernels.q4_gemv.default
+        torch.ops.fuelpipe_kernels.q4_gemv_a16.default
         torch.ops.fuelpipe_kernels.f32_panel_linear.default
         return True
     except (AttributeError, RuntimeError):
@@ -126,6 +127,8 @@ def _register_fakes() -> None:
 
     torch.library.register_fake("fuelpipe_kernels::q8_gemv")(lambda x, q, scales, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::q4_gemv")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::q8_gemv_a16")(lambda x, q, scales, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::q4_gemv_a16")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::f32_panel_linear")(lambda x, panels, n, bias: out(x, n))
 

@@ -133,7 +133,53 @@ def _compile(gm, args: tuple, out: Path) -> None:
 def _load(path: Path) -> Callable:
     import torch._inductor
 
-    return torch._inductor.aoti_load_package(str(path))
+    return AotCall(torch._inductor.aoti_load_package(str(path)))
+
+
+def _tensor_leaves(x, out: list) -> bool:
+    """Append the tensors of ``x`` (tensors, lists and tuples of them, None) in pytree order; False
+    for anything else, which takes the package's own general call."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+        return True
+    if type(x) in (list, tuple):
+        return all(_tensor_leaves(item, out) for item in x)
+    return x is None
+
+
+class AotCall:
+    """A loaded AOTInductor package, called per step without re-parsing its call spec.
+
+    The package's own ``__call__`` parses its input and output specs from JSON and runs a general
+    pytree flatten on every call; a step's arguments are tensors and lists of them, so they are
+    flattened here and the output spec is parsed once. The first call of each leaf count is checked
+    against the general flatten (same tensors, same order) before the short path serves it.
+    """
+
+    def __init__(self, compiled) -> None:
+        from torch.utils import _pytree as pytree
+
+        self.compiled = compiled
+        self._unflatten = pytree.tree_unflatten
+        self._out_spec = pytree.treespec_loads(compiled.loader.get_call_spec()[1])
+        self._boxed_run = compiled.loader.boxed_run
+        self._checked: set[int] = set()  # leaf counts whose short flatten matched the general one
+
+    def __call__(self, *args):
+        flat: list = []
+        if not _tensor_leaves(args, flat):
+            return self.compiled(*args)
+        if len(flat) not in self._checked:
+            from torch.utils import _pytree as pytree
+
+            general = [x for x in pytree.tree_flatten((args, {}))[0] if isinstance(x, torch.Tensor)]
+            if len(general) != len(flat) or any(a is not b for a, b in zip(general, flat)):
+                return self.compiled(*args)
+            self._checked.add(len(flat))
+        return self._unflatten(self._boxed_run(flat), self._out_spec)
+
+    def __getattr__(self, name):  # get_metadata, load_constants, ...: the package's own
+        return getattr(self.compiled, name)
 
 
 def _load_compiled_anyway(gm, args: tuple) -> Callable:

@@ -113,7 +113,8 @@ def _packed_ops() -> dict:
     """Packed low-bit matrix operators (fuelpipe.kernels) -> the positions of their weight tensors."""
     ns = getattr(torch.ops, "fuelpipe_kernels", None)
     out = {}
-    for name, weights in (("q8_gemv", (1, 2)), ("q4_gemv", (1, 2, 3)), ("bf16_gemv", (1,))):
+    for name, weights in (("q8_gemv", (1, 2)), ("q4_gemv", (1, 2, 3)), ("q8_gemv_a16", (1, 2)),
+                          ("q4_gemv_a16", (1, 2, 3)), ("bf16_gemv", (1,))):
         try:
             out[getattr(ns, name).default] = weights
         except (AttributeError, RuntimeError):

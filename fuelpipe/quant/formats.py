@@ -28,6 +28,15 @@ import torch
 from fuelpipe.errors import ConfigError
 
 
+class ActivationForm(enum.Enum):
+    """How a low-bit linear takes its activations: as f32, or quantized per 32-element block to 16 bits
+    (integer dot products in the kernel; see ``quantize_activations``)."""
+
+    auto = "auto"  # int16 for int8 / int4 weights, f32 for the others
+    f32 = "f32"
+    int16 = "int16"
+
+
 class QuantKind(enum.Enum):
     f32 = "f32"
     bf16 = "bf16"
@@ -44,21 +53,32 @@ class QuantSpec:
 
     kind: QuantKind = QuantKind.f32
     group_size: int = 32
+    activations: ActivationForm = ActivationForm.auto  # resolved: never ``auto`` after construction
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, QuantKind):
             object.__setattr__(self, "kind", QuantKind(self.kind))
+        if not isinstance(self.activations, ActivationForm):
+            object.__setattr__(self, "activations", ActivationForm(self.activations))
         if self.group_size < BLOCK or self.group_size % BLOCK:
             raise ConfigError(f"weights.group_size must be a positive multiple of {BLOCK}, got {self.group_size}")
+        integer = self.kind in (QuantKind.int8, QuantKind.int4)
+        if self.activations is ActivationForm.auto:
+            object.__setattr__(self, "activations", ActivationForm.int16 if integer else ActivationForm.f32)
+        elif self.activations is ActivationForm.int16 and not integer:
+            raise ConfigError(f"weights.activations=int16 needs int8 or int4 weights (integer dot products), "
+                              f"got weights.dtype={self.kind.value}")
 
     @property
     def quantized(self) -> bool:
         return self.kind is not QuantKind.f32
 
     def label(self) -> str:
+        """``int8/g32`` (f32 activations), ``int8/g32/a16`` (16-bit activations), ``bf16``, ``f32``."""
         if self.kind in (QuantKind.f32, QuantKind.bf16):
             return self.kind.value
-        return f"{self.kind.value}/g{self.group_size}"
+        tail = "/a16" if self.activations is ActivationForm.int16 else ""
+        return f"{self.kind.value}/g{self.group_size}{tail}"
 
 
 @dataclass
@@ -121,6 +141,32 @@ def dequantize_rows(kind: QuantKind, q: torch.Tensor, scales: Optional[torch.Ten
     blocks = q.unflatten(-1, (k // BLOCK, 16))  # [.., K/32, 16]
     codes = torch.cat((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2)  # [.., K] in 0..15
     return codes.float() * s + mins.float().repeat_interleave(group_size, dim=-1)
+
+
+# ---- activations at 16 bits (ActivationForm.int16): what the *_a16 kernels compute -----------------
+
+ACT_LEVELS = 32767  # int16 codes in -32767..32767: symmetric, so -x quantizes to -(code of x)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """f32 [.., K] (K a multiple of 32) -> (codes int16 [.., K], steps f32 [.., K/32]).
+
+    Per 32-element block: ``step = max|x| / 32767``, ``code = round_half_even(x / step)`` (0 for an
+    all-zero block). A block with a non-finite element gets a NaN step, so its NaN reaches the output
+    as it would with f32 activations. The kernels compute the same codes and steps, element for element.
+    """
+    blocks = x.float().unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))  # [.., K/32, 32]
+    step = blocks.abs().amax(-1) / ACT_LEVELS  # [.., K/32]
+    step = torch.where(torch.isfinite(blocks).all(-1), step, torch.full_like(step, float("nan")))
+    safe = torch.where(step > 0, step, torch.ones_like(step))[..., None]
+    codes = torch.where(step[..., None] > 0, torch.round(blocks / safe), torch.zeros_like(blocks))
+    return codes.clamp(-ACT_LEVELS, ACT_LEVELS).to(torch.int16).flatten(-2), step
+
+
+def round_trip_activations(x: torch.Tensor) -> torch.Tensor:
+    """The f32 activations an int16-activation kernel multiplies: code * step, per element."""
+    codes, step = quantize_activations(x)
+    return (codes.float().unflatten(-1, step.shape[-1:] + (BLOCK,)) * step[..., None]).flatten(-2)
 
 
 # ---- quantizing from f32 -----------------------------------------------------------------------

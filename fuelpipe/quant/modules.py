@@ -18,7 +18,9 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
-from fuelpipe.quant.formats import PackedWeight, QuantKind, QuantSpec, dequantize, dequantize_rows, fits, quantize
+from fuelpipe.quant.formats import (
+    ActivationForm, PackedWeight, QuantKind, QuantSpec, dequantize, dequantize_rows, fits, quantize,
+)
 
 
 def _ops():
@@ -31,8 +33,11 @@ def _ops():
 class _Packed(nn.Module):
     """Buffers q / scales / mins of one packed matrix (shared by a tied embedding and head)."""
 
-    def _hold(self, p: PackedWeight) -> None:
+    def _hold(self, p: PackedWeight, activations: ActivationForm) -> None:
+        if activations is ActivationForm.int16 and p.kind not in (QuantKind.int8, QuantKind.int4):
+            raise ValueError(f"16-bit activations need int8 or int4 weights, got {p.kind.value}")
         self.kind = p.kind
+        self.activations = activations
         self.out_features, self.in_features = p.shape
         self.group_size = p.group_size
         self.register_buffer("q", p.q)
@@ -50,21 +55,24 @@ class _Packed(nn.Module):
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [.., K] f32 @ weight.T (+ bias) -> [.., N], through the compiled kernel."""
         ops = _ops()
+        a16 = self.activations is ActivationForm.int16
         if self.kind is QuantKind.int8:
-            return ops.q8_gemv.default(x, self.q, self.scales, bias)
+            return (ops.q8_gemv_a16 if a16 else ops.q8_gemv).default(x, self.q, self.scales, bias)
         if self.kind is QuantKind.int4:
-            return ops.q4_gemv.default(x, self.q, self.scales, self.mins, bias)
+            return (ops.q4_gemv_a16 if a16 else ops.q4_gemv).default(x, self.q, self.scales, self.mins, bias)
         return ops.bf16_gemv.default(x, self.q, bias)
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind.value}{g}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind.value}{g}, "
+                f"activations={self.activations.value}")
 
 
 class QuantLinear(_Packed):
-    def __init__(self, p: PackedWeight, bias: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, p: PackedWeight, bias: Optional[torch.Tensor] = None,
+                 activations: ActivationForm = ActivationForm.f32) -> None:
         super().__init__()
-        self._hold(p)
+        self._hold(p, activations)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,9 +82,9 @@ class QuantLinear(_Packed):
 class QuantEmbedding(_Packed):
     """Rows of a packed table, dequantized per looked-up token; ``as_head`` uses it as a tied output matrix."""
 
-    def __init__(self, p: PackedWeight) -> None:
+    def __init__(self, p: PackedWeight, activations: ActivationForm = ActivationForm.f32) -> None:
         super().__init__()
-        self._hold(p)
+        self._hold(p, activations)
         self.num_embeddings, self.embedding_dim = p.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -134,11 +142,12 @@ def quantize_model(model: nn.Module, spec: QuantSpec, packed: Optional[Mapping[s
             counts["kept_f32"] = counts.get("kept_f32", 0) + 1
             continue
         done[id(w)] = p
+        activations = spec.activations if p.kind in (QuantKind.int8, QuantKind.int4) else ActivationForm.f32
         if isinstance(module, nn.Embedding):
-            new = QuantEmbedding(p)
+            new = QuantEmbedding(p, activations)
         else:
             bias = module.bias
-            new = QuantLinear(p, None if bias is None else bias.detach())
+            new = QuantLinear(p, None if bias is None else bias.detach(), activations)
         owner_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner_name) if owner_name else model, leaf, new)
         counts[p.kind.value] = counts.get(p.kind.value, 0) + 1
@@ -176,4 +185,4 @@ def scaled_copy(module: "QuantLinear", factor: float) -> "QuantLinear":
     scale = (lambda t: None if t is None else (t.float() * factor).to(t.dtype))
     q = scale(p.q) if p.q.is_floating_point() else p.q.clone()
     new = PackedWeight(p.kind, q, scale(p.scales), scale(p.mins))
-    return QuantLinear(new, None if module.bias is None else module.bias.detach().clone())
+    return QuantLinear(new, None if module.bias is None else module.bias.detach().clone(), module.activations)

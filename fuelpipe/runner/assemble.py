@@ -49,7 +49,7 @@ def quant_spec(w: Optional[DictConfig]):
 
     if w is None or w.dtype is None:
         return None
-    spec = QuantSpec(QuantKind(w.dtype.value), int(w.group_size))
+    spec = QuantSpec(QuantKind(w.dtype.value), int(w.group_size), w.activations.value)
     return spec if spec.quantized else None
 
 

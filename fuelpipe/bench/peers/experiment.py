@@ -109,8 +109,10 @@ def quantized_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
     p = cfg.experiment.peers
     out: list[PeerSystem] = []
     kv = KvSpec(layout="contiguous", block_size=cfg.kv.block_size or 16)
-    for kind in p.quantized:
-        spec = QuantSpec(QuantKind(kind), int(cfg.weights.group_size))
+    for entry in p.quantized:
+        kind, _, activations = entry.partition(":")
+        default = cfg.weights.activations.value if kind in ("int8", "int4") else "auto"
+        spec = QuantSpec(QuantKind(kind), int(cfg.weights.group_size), activations or default)
         model = build_model(cfg.model, asm.device, seed=cfg.model.seed, quant=spec)
         for backend in p.quantized_backends:
             s = FuelpipeSystem(model, dataclasses.replace(asm.setup.backend, name=backend), "plan_once", kv)

@@ -50,6 +50,18 @@ def test_the_kernel_computes_the_linear(n, k, rows):
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_panels_off_a_32_byte_boundary_give_the_same_result(rows):
+    """A stored AOTInductor plan holds the panels as package constants, not always 32-byte aligned."""
+    w, x = torch.randn(96, 64), torch.randn(rows, 64)
+    panels = pack_panels(w)
+    backing = torch.empty(panels.numel() + 4)
+    shifted = backing[1 : 1 + panels.numel()].view(panels.shape)  # 4 bytes past an aligned start
+    shifted.copy_(panels)
+    assert shifted.data_ptr() % 32 != 0
+    assert torch.equal(panel_linear(x, shifted, 96), panel_linear(x, panels, 96))
+
+
 def test_leading_dimensions_are_kept():
     w, x = torch.randn(40, 24), torch.randn(2, 3, 24)
     got = panel_linear(x, pack_panels(w), 40)

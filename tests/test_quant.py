@@ -120,20 +120,6 @@ def test_a16_row_does_not_depend_on_the_rows_beside_it(kind):
     assert all(torch.equal(many[i], _op_a16(p, x[i : i + 1])[0]) for i in range(5))
 
 
-def test_a16_kernel_result_does_not_depend_on_the_thread_count():
-    p = quantize(torch.randn(512, 256), QuantKind.int8, 32)
-    x = torch.randn(1, 256)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = _op_a16(p, x)
-        torch.set_num_threads(2)
-        two = _op_a16(p, x)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two)
-
-
 def test_activation_codes_are_symmetric_16_bit_with_zero_and_non_finite_blocks_handled():
     x = torch.randn(3, 96)
     x[1, :32] = 0.0  # an all-zero block: zero codes, zero step
@@ -196,15 +182,17 @@ def test_kernel_takes_f32_scales_too(kind):
     assert torch.allclose(_op(wide, x), _op(p, x), atol=1e-5)
 
 
-def test_kernel_result_does_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("kind,op", [(QuantKind.int4, _op), (QuantKind.int8, _op), (QuantKind.int4, _op_a16),
+                                     (QuantKind.int8, _op_a16)], ids=["int4", "int8", "int4-a16", "int8-a16"])
+def test_kernel_result_does_not_depend_on_the_thread_count(kind, op):
     w, x = torch.randn(512, 256), torch.randn(1, 256)
-    p = quantize(w, QuantKind.int4, 32)
+    p = quantize(w, kind, 32)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _op(p, x)
+        one = op(p, x)
         torch.set_num_threads(2)
-        two = _op(p, x)
+        two = op(p, x)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)

@@ -25,6 +25,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -274,6 +275,35 @@ at::Tensor out_like(const at::Tensor& x, int64_t N) {
   return at::empty(sizes, x.options());
 }
 
+// The shapes of an int8 product's arguments, checked: {N, K, G}.
+std::array<int64_t, 3> q8_shapes(const char* op, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                                 const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), op, ": q must be contiguous int8 [N, K], got ",
+              q.scalar_type(), " ", q.sizes());
+  const int64_t N = q.size(0), K = q.size(1);
+  check_common(op, x, K, N, bias);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, op, ": scales must be [N, K / group], got ", scales.sizes());
+  const int64_t G = K / scales.size(1);
+  check_scales(op, scales, N, K, G);
+  return {N, K, G};
+}
+
+// The shapes of a 4-bit product's arguments, checked: {N, K, G}.
+std::array<int64_t, 3> q4_shapes(const char* op, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                                 const at::Tensor& mins, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.is_contiguous(), op, ": q must be contiguous uint8 [N, K / 2], got ",
+              q.scalar_type(), " ", q.sizes());
+  const int64_t N = q.size(0), K = q.size(1) * 2;
+  check_common(op, x, K, N, bias);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, op, ": scales must be [N, K / group], got ", scales.sizes());
+  const int64_t G = K / scales.size(1);
+  check_scales(op, scales, N, K, G);
+  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.scalar_type() == scales.scalar_type() && mins.is_contiguous(),
+              op, ": mins must match scales (", scales.scalar_type(), " ", scales.sizes(), "), got ", mins.scalar_type(), " ",
+              mins.sizes());
+  return {N, K, G};
+}
+
 // Runs row_fn(n, x_rows, M, out) over output rows in parallel; x is [M, K] contiguous.
 template <typename RowFn>
 at::Tensor run_rows(const at::Tensor& x_in, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, RowFn row_fn) {
@@ -332,13 +362,8 @@ at::Tensor q4_typed(const at::Tensor& x, const uint8_t* qp, const S* sp, const S
 }
 
 at::Tensor q8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), "q8_gemv: q must be contiguous int8 [N, K], got ",
-              q.scalar_type(), " ", q.sizes());
-  const int64_t N = q.size(0), K = q.size(1);
-  check_common("q8_gemv", x, K, N, bias);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q8_gemv: scales must be [N, K / group], got ", scales.sizes());
-  const int64_t G = K / scales.size(1);
-  check_scales("q8_gemv", scales, N, K, G);
+  const auto shape = q8_shapes("q8_gemv", x, q, scales, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2];
   const int8_t* qp = q.data_ptr<int8_t>();
   if (scales.scalar_type() == at::kFloat) return q8_typed(x, qp, scales.data_ptr<float>(), bias, N, K, G);
   return q8_typed(x, qp, scales.data_ptr<c10::Half>(), bias, N, K, G);
@@ -346,15 +371,8 @@ at::Tensor q8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
 
 at::Tensor q4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const at::Tensor& mins,
                    const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.is_contiguous(), "q4_gemv: q must be contiguous uint8 [N, K / 2], got ",
-              q.scalar_type(), " ", q.sizes());
-  const int64_t N = q.size(0), K = q.size(1) * 2;
-  check_common("q4_gemv", x, K, N, bias);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q4_gemv: scales must be [N, K / group], got ", scales.sizes());
-  const int64_t G = K / scales.size(1);
-  check_scales("q4_gemv", scales, N, K, G);
-  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.scalar_type() == scales.scalar_type() && mins.is_contiguous(),
-              "q4_gemv: mins must match scales (", scales.scalar_type(), " ", scales.sizes(), "), got ", mins.scalar_type(), " ", mins.sizes());
+  const auto shape = q4_shapes("q4_gemv", x, q, scales, mins, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2];
   const at::Tensor xc = x.contiguous();
   const int64_t M = xc.numel() / K;
   // Sum of each activation row over each group: the mins' share of every output row.
@@ -623,13 +641,8 @@ at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10:
 }
 
 at::Tensor q8_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), "q8_gemv_a16: q must be contiguous int8 [N, K], got ",
-              q.scalar_type(), " ", q.sizes());
-  const int64_t N = q.size(0), K = q.size(1);
-  check_common("q8_gemv_a16", x, K, N, bias);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q8_gemv_a16: scales must be [N, K / group], got ", scales.sizes());
-  const int64_t G = K / scales.size(1), KG = K / G;
-  check_scales("q8_gemv_a16", scales, N, K, G);
+  const auto shape = q8_shapes("q8_gemv_a16", x, q, scales, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2], KG = K / G;
   const int8_t* qp = q.data_ptr<int8_t>();
   auto typed = [&](auto* sp) {
     return run_rows_a16(x, N, K, bias, false, [&](int64_t n, const int16_t* xq, const float* dx, const float*) {
@@ -642,15 +655,8 @@ at::Tensor q8_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 
 at::Tensor q4_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const at::Tensor& mins,
                        const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.is_contiguous(), "q4_gemv_a16: q must be contiguous uint8 [N, K / 2], got ",
-              q.scalar_type(), " ", q.sizes());
-  const int64_t N = q.size(0), K = q.size(1) * 2;
-  check_common("q4_gemv_a16", x, K, N, bias);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0, "q4_gemv_a16: scales must be [N, K / group], got ", scales.sizes());
-  const int64_t G = K / scales.size(1), KG = K / G;
-  check_scales("q4_gemv_a16", scales, N, K, G);
-  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.scalar_type() == scales.scalar_type() && mins.is_contiguous(),
-              "q4_gemv_a16: mins must match scales (", scales.scalar_type(), " ", scales.sizes(), "), got ", mins.scalar_type(), " ", mins.sizes());
+  const auto shape = q4_shapes("q4_gemv_a16", x, q, scales, mins, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2], KG = K / G;
   const uint8_t* qp = q.data_ptr<uint8_t>();
   auto typed = [&](auto* sp, auto* mp) {
     return run_rows_a16(x, N, K, bias, true, [&](int64_t n, const int16_t* xq, const float* dx, const float* xs) {

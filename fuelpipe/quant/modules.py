@@ -18,6 +18,7 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
+from fuelpipe.errors import ConfigError
 from fuelpipe.quant.formats import (
     ActivationForm, PackedWeight, QuantKind, QuantSpec, dequantize, dequantize_rows, fits, quantize,
 )
@@ -35,7 +36,7 @@ class _Packed(nn.Module):
 
     def _hold(self, p: PackedWeight, activations: ActivationForm) -> None:
         if activations is ActivationForm.int16 and p.kind not in (QuantKind.int8, QuantKind.int4):
-            raise ValueError(f"16-bit activations need int8 or int4 weights, got {p.kind.value}")
+            raise ConfigError(f"weights.activations=int16 needs int8 or int4 weights, got {p.kind.value}")
         self.kind = p.kind
         self.activations = activations
         self.out_features, self.in_features = p.shape

@@ -307,6 +307,30 @@ def test_quality_oracle_passes_and_catches_a_wrong_scale(kind):
     assert not bad.passed and bad.fault == Fault.QUANT_WRONG_SCALE.value, bad.detail
 
 
+def test_int16_activation_models_take_their_own_tolerance_and_a_wrong_path_still_fails_it():
+    """vs_reference on a 16-bit-activation model: the looser max-abs tolerance of that numeric form, and the
+    oracle's negative control (KV writes dropped) still fails at it."""
+    from fuelpipe.driver import PlanMode
+    from fuelpipe.oracles.base import Setup
+    from fuelpipe.oracles.execute import numeric_form, tolerance_for
+    from fuelpipe.plan.backends import BackendSpec
+
+    model = _tiny(QuantKind.int8)
+    assert numeric_form("float32", model) == "int16_activations"
+    f32_act = build_random_model("llama", "tiny", seed=0)
+    quantize_model(f32_act, QuantSpec(QuantKind.int8, 32, "f32"))
+    assert numeric_form("float32", f32_act) == "float32"
+    spec = oracle("vs_reference")
+    tol = tolerance_for(spec, {"float32": 1e-5}, "int16_activations")  # a table without the key: the default
+    assert tol == 1e-3
+    run = lambda control: execute(spec, model=model, setup=Setup(BackendSpec(name="fx"), PlanMode.PLAN_ONCE),
+                                  prompts=((1, 2, 3, 4),), new_tokens=6, max_seq_len=12, other_model=lambda: None,
+                                  tolerance=tol, control=control)
+    ok, bad = run(False), run(True)
+    assert ok.passed, ok.detail
+    assert not bad.passed and bad.fault == spec.fault.value, bad.detail
+
+
 def test_quality_oracle_skips_an_unquantized_model():
     r = _quality(build_random_model("llama", "tiny", seed=0), None, False)
     assert r.skipped and "not quantized" in r.detail

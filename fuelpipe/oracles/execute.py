@@ -14,12 +14,21 @@ from fuelpipe.oracles.registry import OracleSpec, Tolerance
 log = logging.getLogger(__name__)
 
 
-def tolerance_for(spec: OracleSpec, tolerances: Mapping[str, float], dtype: str) -> Optional[float]:
-    """0.0 for bit-exact oracles, the dtype's entry for max-abs ones, None for counting ones."""
+def numeric_form(dtype: str, model) -> str:
+    """The key of a model's max-abs tolerances: its dtype (``float32``, ``bfloat16``), or
+    ``int16_activations`` when its low-bit kernels quantize activations (``weights.activations=int16``)."""
+    fmt = getattr(model, "weight_format", None)
+    activations = getattr(fmt, "activations", None)
+    return "int16_activations" if getattr(activations, "value", None) == "int16" else dtype
+
+
+def tolerance_for(spec: OracleSpec, tolerances: Mapping[str, float], form: str) -> Optional[float]:
+    """0.0 for bit-exact oracles, the numeric form's entry for max-abs ones (the oracle's default when the
+    given table has none), None for counting ones."""
     if spec.tolerance is Tolerance.BIT_EXACT:
         return 0.0
     if spec.tolerance is Tolerance.MAX_ABS:
-        return tolerances.get(dtype)
+        return tolerances.get(form, spec.default_tolerance.get(form))
     return None
 
 

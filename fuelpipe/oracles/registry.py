@@ -77,7 +77,12 @@ def _fx_passes(setup: Setup) -> Setup:
     return setup.with_backend("fx") if setup.backend.name == "eager" else setup
 
 
-_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+# Per numeric form (``fuelpipe.oracles.execute.numeric_form``): the model dtype, or ``int16_activations`` for
+# int8 / int4 weights whose kernels quantize activations to 16 bits. There, an f32-level difference
+# between two paths (another summation order in the reference, a batch GEMM against a GEMV) can move an
+# activation across a rounding boundary: one step, 2^-15 of its block's largest value. Measured on
+# SmolLM2 int8 and int4: up to 2.2e-4 of the logit scale between plan and reference, batch and solo.
+_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3}
 
 
 def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None) -> OracleSpec:

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from fuelpipe.config.validate import batch_spec
 from fuelpipe.oracles.base import OracleResult
-from fuelpipe.oracles.execute import execute, tolerance_for
+from fuelpipe.oracles.execute import execute, numeric_form, tolerance_for
 from fuelpipe.oracles.registry import ORACLES, OracleSpec, oracle_settings
 from fuelpipe.oracles.registry import enabled_oracles as registry_enabled
 from fuelpipe.runner.assemble import Assembly
@@ -29,7 +29,7 @@ def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
     return execute(
         spec, model=asm.model, setup=asm.setup, prompts=asm.prompts, new_tokens=exp.new_tokens,
         max_seq_len=asm.max_seq_len, other_model=asm.other_model,
-        tolerance=tolerance_for(spec, oc.tolerance, cfg.model.dtype.value),
+        tolerance=tolerance_for(spec, oc.tolerance, numeric_form(cfg.model.dtype.value, asm.model)),
         control=bool(exp.negative_control or oc.inject_fault), batch=batch_spec(cfg.batch),
         dense_model=asm.dense_model,
     )

@@ -30,7 +30,7 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import OracleResult, Setup
-from fuelpipe.oracles.execute import execute, tolerance_for
+from fuelpipe.oracles.execute import execute, numeric_form, tolerance_for
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES
@@ -41,7 +41,7 @@ PORTABLE_ORACLES = (
     "plan_vs_replan", "vs_reference", "plan_accounting", "key_sensitivity", "request_isolation",
     "kv_sharing", "cache_lifecycle", "rebind_guard", "batch_vs_solo", "batch_isolation", "batch_plan_accounting",
 )
-DEFAULT_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+DEFAULT_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3}
 DEFAULT_PROMPTS = ((1, 2, 3, 4, 5, 6, 7, 8), (9, 10, 11, 12, 13))
 
 
@@ -134,7 +134,8 @@ class OracleHarness:
         return execute(
             spec, model=self.model, setup=combo.setup_for(self.model), prompts=self.prompts,
             new_tokens=self.new_tokens, max_seq_len=self.max_seq_len, other_model=self.other_model,
-            tolerance=tolerance_for(spec, self.tolerance, self.dtype), control=negative_control, batch=self.batch,
+            tolerance=tolerance_for(spec, self.tolerance, numeric_form(self.dtype, self.model)),
+            control=negative_control, batch=self.batch,
         )
 
     def check(self, name: str, combo: Combo = Combo()) -> OracleResult:

@@ -409,11 +409,11 @@ at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& w, const c10::option
 // which is fuelpipe.quant.formats.quantize_activations, element for element. A block's products are
 // then summed exactly in int32 (int8 or 4-bit codes times int16: at most 32 * 127 * 32767 < 2^31)
 // and scaled once: for int8, sum_b w_scale * dx[b] * sum(q * xq); for 4-bit, the same plus
-// min * dx[b] * sum(xq). So the result is F.linear(dequantize_activations(x), dequantize(w)) up to
+// min * dx[b] * sum(xq). So the result is F.linear(round_trip_activations(x), dequantize(w)) up to
 // the order of f32 additions, with one rounding per block instead of one per product; relative to
 // f32 activations each element moves by at most half a step, max|x of its block| / 65534.
 // Integer products halve the vector work per weight against widening every weight to f32, which is
-// what kept the f32-activation kernels below the memory bandwidth (measured in the README).
+// what kept the f32-activation kernels below the memory bandwidth (experiments/bench_peers_quant_cpu).
 // Every activation row takes the same per-row function, so a row's result does not depend on how
 // many rows are in the call (a batch row equals the same row decoded alone, bit for bit).
 

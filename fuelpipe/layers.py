@@ -60,5 +60,8 @@ def cached_attention(
     """RoPE q/k, write k/v through the layer's KV view, attend. q [B,H,T,D], k/v [B,Hkv,T,D] -> [B,H,T,Dv]."""
     q = apply_rotary(q, inputs.cos, inputs.sin, rotary_dim, head_dim)
     k = apply_rotary(k, inputs.cos, inputs.sin, rotary_dim, head_dim)
+    attend = getattr(inputs.kv, "attend", None)  # a view that writes and attends in one call (batch slots)
+    if attend is not None:
+        return attend(q, k, v, inputs.mask, scale)
     keys, values, mask = inputs.kv.write_and_read(k, v, inputs.mask)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -27,7 +27,7 @@ import torch
 
 from fuelpipe.errors import FuelpipeError
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "slot_attention.cpp"))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 _LOADED: dict[str, str] = {}
@@ -114,6 +114,7 @@ def _has_ops() -> bool:
         torch.ops.fuelpipe_kernels.q4_gemv.default
         torch.ops.fuelpipe_kernels.q4_gemv_a16.default
         torch.ops.fuelpipe_kernels.f32_panel_linear.default
+        torch.ops.fuelpipe_kernels.slot_attention.default
         return True
     except (AttributeError, RuntimeError):
         return False
@@ -131,6 +132,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("fuelpipe_kernels::q4_gemv_a16")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::f32_panel_linear")(lambda x, panels, n, bias: out(x, n))
+    torch.library.register_fake("fuelpipe_kernels::slot_attention")(
+        lambda q, k_buf, v_buf, slot_ids, mask, scale: q.new_empty((*q.shape[:-1], v_buf.shape[-1])))
 
 
 def vector_path() -> str:

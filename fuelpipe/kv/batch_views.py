@@ -11,7 +11,9 @@ slots come back as exactly 0, as in every one-sequence view.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from fuelpipe.kv import slot_attention as _attention
 from fuelpipe.kv.views import _Visible
 
 
@@ -38,6 +40,19 @@ class SlotKv(_Visible):
         values = self._read(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v))
         return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+        """Write k, v [B, Hkv, T, D]; q [B, H, T, D] attends each row's slot under mask [B, 1, T, S].
+
+        One traced call (``fuelpipe.kv.slot_attention``) over the written buffers, which a pass may
+        hand to the C++ kernel. Under the UNSAFE_MASKED_SLOTS fault the gathered form runs instead,
+        so its masked garbage still reaches attention."""
+        if self.keep_masked_garbage:
+            keys, values, mask = self.write_and_read(k, v, mask)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        k_buf = _write_rows(self.k_buf, self.slot_ids, self.write_pos, k)
+        v_buf = _write_rows(self.v_buf, self.slot_ids, self.write_pos, v)
+        return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, mask, scale)
+
 
 class SlotPrefixKv(SlotKv):
     """Symbol path: ``attended_len`` (the longest row's length, a per-pass host int) cuts what is gathered."""
@@ -51,6 +66,13 @@ class SlotPrefixKv(SlotKv):
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         return super().write_and_read(k, v, mask.narrow(-1, 0, self.attended_len))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+        if self.keep_masked_garbage:
+            return super().attend(q, k, v, mask, scale)
+        k_buf = _write_rows(self.k_buf, self.slot_ids, self.write_pos, k).narrow(2, 0, self.attended_len)
+        v_buf = _write_rows(self.v_buf, self.slot_ids, self.write_pos, v).narrow(2, 0, self.attended_len)
+        return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, mask.narrow(-1, 0, self.attended_len), scale)
 
 
 class LatentSlotKv(_Visible):

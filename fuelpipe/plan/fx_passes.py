@@ -16,6 +16,9 @@
 * ``measured_linears`` (the default): each linear in whichever of those forms (or
   plain ``F.linear``) measured fastest on this CPU at the step's row count
   (``fuelpipe.plan.linear_forms``).
+* ``slot_attention_kernel``: a batch-slot step's attention (``fuelpipe.kv.slot_attention``,
+  one traced call) through the C++ kernel that reads each row's slot in place instead of
+  gathering the rows' slots into a copy. Not applied when the kernels cannot be built here.
 * ``eliminate_dead_code_keeping_writes``: dead-code elimination that treats
   in-place ops (KV writes) as side effects. torch.fx's default predicate
   drops an in-place write whose result is unused; that would silently stop
@@ -213,6 +216,23 @@ def _all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> 
     return rewrite_all(gm, lambda lin: form if form.usable(lin, rows, threads) else None)
 
 
+def slot_attention_kernel(gm: fx.GraphModule) -> int:
+    """Every ``slot_attention`` call becomes ``fast_slot_attention`` (the C++ kernel for float32 on the CPU,
+    the readable form otherwise). Returns how many; 0, leaving the graph as it was, when the kernels
+    cannot be built on this machine (``fuelpipe.plan.panels.kernels_available`` says why)."""
+    from fuelpipe.kv import slot_attention as attention
+    from fuelpipe.plan.panels import kernels_available
+
+    sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is attention.slot_attention]
+    if not sites or kernels_available() is not None:
+        return 0
+    for node in sites:
+        node.target = attention.fast_slot_attention
+    gm.graph.lint()
+    gm.recompile()
+    return len(sites)
+
+
 def _require_kernels() -> None:
     from fuelpipe.kernels.build import load
 
@@ -234,7 +254,8 @@ class FxPass:
     takes_rows: bool = False  # run(gm, rows): the rows each linear sees per call (1, or a batch's B)
 
 
-DEFAULT_PASSES = ("fuse_sibling_linears", "measured_linears", "eliminate_dead_code_keeping_writes")
+DEFAULT_PASSES = ("fuse_sibling_linears", "measured_linears", "slot_attention_kernel",
+                  "eliminate_dead_code_keeping_writes")
 BUILTIN_PASSES = (
     FxPass("fuse_sibling_linears", fuse_sibling_linears),
     FxPass("split_linears_across_threads", split_linears_across_threads),
@@ -242,6 +263,7 @@ BUILTIN_PASSES = (
     FxPass("transpose_linears_for_gemm", transpose_linears_for_gemm),
     FxPass("pack_linears_into_panels", pack_linears_into_panels),
     FxPass("measured_linears", measured_linears, takes_rows=True),
+    FxPass("slot_attention_kernel", slot_attention_kernel),
     FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
     FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,
            negative_control_only=True),

@@ -14,6 +14,7 @@ from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
 from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
 from fuelpipe.runner.assemble import assemble
+from fuelpipe.allocator import return_large_frees_to_os
 from fuelpipe.bench.rss import PhasePeaks
 from fuelpipe.runner.generate import plan_generation, run_generation
 from fuelpipe.runner.oracles import enabled_oracles, run_oracles
@@ -56,6 +57,7 @@ def run_job(
 
 def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     asm = request = None
+    allocator = return_large_frees_to_os()  # before anything large is allocated (fuelpipe.allocator)
     phases = PhasePeaks()  # resident memory per phase: load, prefill, first decode (plan build), decode, checks
     phases.start("load")
     try:
@@ -113,7 +115,7 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     doc["generation"] = generation
     doc.update(sections)
     doc["load"] = asm.load or None
-    doc["memory"] = memory_record(phases, asm, generation)
+    doc["memory"] = memory_record(phases, asm, generation) | {"allocator": allocator}
     return doc
 
 

@@ -8,7 +8,7 @@ stay resident. A plan build allocates and frees hundreds of MiB in blocks of a
 few MiB (fused weight copies, the forms ``measured_linears`` times, packing
 temporaries), so after the build the process keeps them: measured on SmolLM2
 f32 (``fuelpipe experiment=generate``'s phases), the steady decode RSS was
-1733 MB with the dynamic threshold and 1340 MB with it fixed at 1 MiB, at the
+1733 MB with the dynamic threshold and 1344 MB with it fixed at 1 MiB, at the
 same decode speed. ``mallopt(M_MMAP_THRESHOLD, n)`` fixes it (and turns the
 dynamic raise off); blocks of 1 MiB and more are then mapped and unmapped
 each time.

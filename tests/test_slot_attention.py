@@ -11,6 +11,7 @@ from batch_helpers import WIDTH, tiny
 from batch_helpers import batch_cache as _batch_cache
 from fuelpipe.batch import BatchDecoder, BatchSpec
 from fuelpipe.context import InferenceContext
+from fuelpipe.faults import Fault
 from fuelpipe.kv import slot_attention as sa
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES
@@ -157,3 +158,25 @@ def test_batch_plans_run_the_kernel_and_match_the_readable_form(fam, offset):
     assert kernel_program.passes_applied["slot_attention_kernel"] == model.dims.n_layers
     assert sa.slot_attention in {n.target for n in readable_program.fn.graph.nodes if n.op == "call_function"}
     torch.testing.assert_close(kernel_logits, readable_logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fault", [Fault.NONE, Fault.UNSAFE_MASKED_SLOTS])
+def test_masked_poison_reaches_logits_only_under_the_unsafe_fault(fault):
+    """Negative control of the kernel's NaN-proofing on a real batch plan: a row's own positions past its
+    length hold NaN. The kernel never reads them; the UNSAFE_MASKED_SLOTS fault takes the gathered form
+    with masked slots uncleaned, so NaN x 0 reaches the logits and the poison must show."""
+    model = tiny("llama")
+    ctx = InferenceContext(model, "fx", "plan_once", offset_mode="tensor", fault=fault)
+    kv = _batch_cache(ctx, "contiguous")
+    dec = BatchDecoder(ctx, kv, BatchSpec(2, (2,)))
+    rows = [kv.acquire() for _ in range(2)]
+    firsts = [ctx.prefill(r, p)[0] for r, p in zip(rows, ([3, 4, 5], [6, 7]))]
+    for t in kv.bound_tensors():  # every position no row has written yet: NaN
+        t[:, :, 8:].fill_(float("nan"))
+    logits = dec.step(rows, [int(f.argmax()) for f in firsts])
+    program = next(iter(dec.plans.values())).session.program
+    kernel_nodes = [n for n in program.fn.graph.nodes if n.target is sa.fast_slot_attention]
+    if fault is Fault.NONE:
+        assert kernel_nodes and torch.isfinite(logits).all()
+    else:
+        assert not kernel_nodes and torch.isnan(logits).all(-1).any()

@@ -27,12 +27,13 @@
 namespace {
 
 constexpr int64_t kPanel = 16;  // output columns per panel: two 8-lane vectors
-constexpr int kMaxRows = 6;
-// Software prefetch distance in a tile of 4-6 rows: 2 KiB ahead in the panel stream. Such a tile spends
-// ~6 cycles of FMAs per weight line, too slow a stream for the hardware prefetcher alone (measured on
-// SmolLM2 shapes, AMD EPYC, 2 threads, interleaved: 8 rows 0.85-0.9x the time without it; 1 KiB and
-// 4 KiB within noise of 2). Short tiles (1-3 rows, tile2_avx2) go fast enough without, and lose to it.
-constexpr int64_t kPrefetchFloats = 512;     // x rows per tile: 12 accumulators + 2 weight vectors + 1 broadcast
+constexpr int kMaxRows = 6;     // x rows per tile: 12 accumulators + 2 weight vectors + 1 broadcast
+// Software prefetch distance in the one-panel tiles (tile_avx2: 4-6 rows, or a lone tail panel): 2 KiB
+// ahead in the panel stream. Such a tile spends ~6 cycles of FMAs per weight line, too slow a stream
+// for the hardware prefetcher alone (measured on SmolLM2 shapes, AMD EPYC, 2 threads, interleaved:
+// 8 rows 0.85-0.9x the time without it; 1 KiB and 4 KiB within noise of 2). The two-panel tile for
+// 1-3 rows (tile2_avx2) streams fast enough without, and lost ~5% with it.
+constexpr int64_t kPrefetchFloats = 512;
 
 // Stores one tile row's 16 results (only the ncols < 16 that exist in a tail panel), bias added.
 inline void store_row(const float* acc, float* out, const float* bias, int64_t ncols) {

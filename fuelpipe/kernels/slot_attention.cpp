@@ -1,12 +1,15 @@
 // Attention of a batch step read straight from the batch-slot KV buffers: no gathered copy.
 //
 // The readable statement is fuelpipe.kv.slot_attention.slot_attention: gather each row's slot
-// (k_buf[slot_ids[b]]), zero what its mask hides, then scaled-dot-product attention under the
-// additive mask, a query head h reading KV head h / (H / Hkv). This kernel computes the same
-// function without the gather: row b's queries read k_buf / v_buf at slot slot_ids[b] in place, and
-// a key whose mask entry is -inf is skipped, never read. A masked slot may hold anything (a
-// recycled slot's NaN poison, another sequence's old rows) and cannot reach the output. A query
-// with no attendable key gives 0, as the reference does.
+// (k_buf[slot_ids[b]]), zero the slots no query of the row may attend, then scaled-dot-product
+// attention under the additive mask, a query head h reading KV head h / (H / Hkv). This kernel
+// computes that function without the gather: row b's queries read k_buf / v_buf at slot
+// slot_ids[b] in place, and a key whose mask entry is -inf for a query is skipped for that query,
+// never read. A masked slot may hold anything (a recycled slot's NaN poison, another sequence's old
+// rows) and cannot reach the output. A query with no attendable key gives 0, as the reference does.
+// One difference, with several queries per row (T > 1) only: a slot one query attends and another
+// masks reaches the reference's masked query as 0 * -inf weight, so a NaN there poisons that query
+// in the reference and not here (decode steps have T = 1).
 //
 // Per (row, query head, query position), in order: s_j = dot(q, k_j) * scale + mask_j over the
 // attendable keys j, p_j = exp(s_j - max s), out = sum_j p_j v_j / sum_j p_j. A row's result reads
@@ -79,8 +82,10 @@ at::Tensor slot_attention(const at::Tensor& q_in, const at::Tensor& k_buf, const
               " and ", v_buf.sizes());
   TORCH_CHECK(Hkv >= 1 && H % Hkv == 0, "slot_attention: query heads ", H, " must be a multiple of KV heads ", Hkv);
   TORCH_CHECK(k_buf.stride(3) == 1 && v_buf.stride(3) == 1, "slot_attention: k_buf and v_buf need a contiguous last dim");
-  TORCH_CHECK(slot_ids_in.dim() == 1 && slot_ids_in.size(0) == B && slot_ids_in.scalar_type() == at::kLong,
-              "slot_attention: slot_ids must be int64 [", B, "], got ", slot_ids_in.scalar_type(), " ", slot_ids_in.sizes());
+  TORCH_CHECK(slot_ids_in.device().is_cpu() && slot_ids_in.dim() == 1 && slot_ids_in.size(0) == B &&
+                  slot_ids_in.scalar_type() == at::kLong,
+              "slot_attention: slot_ids must be int64 [", B, "] on the CPU, got ", slot_ids_in.scalar_type(), " ",
+              slot_ids_in.sizes(), " on ", slot_ids_in.device());
   TORCH_CHECK(mask.dim() == 4 && (mask.size(0) == B || mask.size(0) == 1) && mask.size(1) == 1 &&
                   (mask.size(2) == T || mask.size(2) == 1) && mask.size(3) == S,
               "slot_attention: mask must be [B or 1, 1, T or 1, ", S, "], got ", mask.sizes());

@@ -133,6 +133,12 @@ def _compile(gm, args: tuple, out: Path) -> None:
 def _load(path: Path) -> Callable:
     import torch._inductor
 
+    from fuelpipe.plan.panels import kernels_available
+
+    # A stored plan may call fuelpipe's C++ operators (panel linears, batch-slot attention), which the
+    # package names but does not carry: register them before it runs. On a hit no pass runs to do it,
+    # and a fresh process has not loaded them (where they cannot be built, no such plan was stored).
+    kernels_available()
     return AotCall(torch._inductor.aoti_load_package(str(path)))
 
 

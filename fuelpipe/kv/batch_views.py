@@ -40,6 +40,10 @@ class SlotKv(_Visible):
         values = self._read(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v))
         return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
+    def _attended(self, written: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What of a written buffer [N, Hkv, S, D] and the mask [B, 1, T, S] attention reads: all of it."""
+        return written, mask
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
         """Write k, v [B, Hkv, T, D]; q [B, H, T, D] attends each row's slot under mask [B, 1, T, S].
 
@@ -49,9 +53,9 @@ class SlotKv(_Visible):
         if self.keep_masked_garbage:
             keys, values, mask = self.write_and_read(k, v, mask)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
-        k_buf = _write_rows(self.k_buf, self.slot_ids, self.write_pos, k)
-        v_buf = _write_rows(self.v_buf, self.slot_ids, self.write_pos, v)
-        return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, mask, scale)
+        k_buf, cut = self._attended(_write_rows(self.k_buf, self.slot_ids, self.write_pos, k), mask)
+        v_buf, _ = self._attended(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v), mask)
+        return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, cut, scale)
 
 
 class SlotPrefixKv(SlotKv):
@@ -67,12 +71,8 @@ class SlotPrefixKv(SlotKv):
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         return super().write_and_read(k, v, mask.narrow(-1, 0, self.attended_len))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
-        if self.keep_masked_garbage:
-            return super().attend(q, k, v, mask, scale)
-        k_buf = _write_rows(self.k_buf, self.slot_ids, self.write_pos, k).narrow(2, 0, self.attended_len)
-        v_buf = _write_rows(self.v_buf, self.slot_ids, self.write_pos, v).narrow(2, 0, self.attended_len)
-        return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, mask.narrow(-1, 0, self.attended_len), scale)
+    def _attended(self, written: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return written.narrow(2, 0, self.attended_len), mask.narrow(-1, 0, self.attended_len)
 
 
 class LatentSlotKv(_Visible):

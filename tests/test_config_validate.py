@@ -69,8 +69,10 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
         ]),
         (["backend.fx_passes=[fuse_sibling_linear]"], [
             "unknown backend.fx_passes entry 'fuse_sibling_linear'; did you mean 'fuse_sibling_linears'? "
-            "available: eliminate_dead_code_keeping_writes, fuse_sibling_linears, measured_linears, "
-            "pack_linears_into_panels, slot_attention_kernel, split_linears_across_threads, transpose_linears_for_gemm",  # negative-control passes not offered
+            "available: chain_linears_on_model_weights, eliminate_dead_code_keeping_writes, fuse_sibling_linears, "
+            "measured_linears, measured_linears_allowing_copies, pack_linears_into_panels, "
+            "run_linears_on_model_weights, slot_attention_kernel, split_linears_across_threads, "
+            "transpose_linears_for_gemm",  # negative-control passes not offered
         ]),
         (["batch.max_batch=0"], ["batch.max_batch must be an integer >= 1, got 0"]),
         (["batch.buckets=[1,2,4]"], [

@@ -123,7 +123,8 @@ def test_passes_under_swaps_only_the_faulty_pass():
 def test_the_measured_pass_is_checked_as_each_explicit_form():
     """A form the measurement did not pick on this machine still runs (another CPU may pick it)."""
     sets = config_variants.pass_sets(DEFAULT_PASSES, on_cpu=True)
-    assert set(sets) == {"split_linears_across_threads", "pack_linears_into_panels"}
+    assert set(sets) == {"split_linears_across_threads", "pack_linears_into_panels", "run_linears_on_model_weights",
+                         "chain_linears_on_model_weights"}
     for form, passes in sets.items():
         assert "measured_linears" not in passes and form in passes
     assert config_variants.pass_sets(DEFAULT_PASSES, on_cpu=False) == {"": DEFAULT_PASSES}

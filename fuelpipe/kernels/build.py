@@ -1,7 +1,8 @@
 """Compile and load fuelpipe's C++ operators once per machine.
 
 ``quant_gemv.cpp``: low-bit weight products (f32 or 16-bit activations); ``f32_panels.cpp``: f32 linears on
-panel-packed weights (``fuelpipe.plan.panels``). One library, ``torch.ops.fuelpipe_kernels``.
+panel-packed weights (``fuelpipe.plan.panels``); ``f32_rows.cpp``: f32 linears on the model's own row-major
+weights (``fuelpipe.plan.rows_linear``); ``slot_attention.cpp``: batch-slot attention. One library, ``torch.ops.fuelpipe_kernels``.
 
 The library is built on first use with the C++ compiler torch's own extensions
 use, ``-O3 -march=native``, into a folder named by a digest of the source, the
@@ -27,7 +28,7 @@ import torch
 
 from fuelpipe.errors import FuelpipeError
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "slot_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 _LOADED: dict[str, str] = {}
@@ -114,6 +115,8 @@ def _has_ops() -> bool:
         torch.ops.fuelpipe_kernels.q4_gemv.default
         torch.ops.fuelpipe_kernels.q4_gemv_a16.default
         torch.ops.fuelpipe_kernels.f32_panel_linear.default
+        torch.ops.fuelpipe_kernels.f32_rows_linear.default
+        torch.ops.fuelpipe_kernels.f32_rows_chain_linear.default
         torch.ops.fuelpipe_kernels.slot_attention.default
         return True
     except (AttributeError, RuntimeError):
@@ -132,6 +135,9 @@ def _register_fakes() -> None:
     torch.library.register_fake("fuelpipe_kernels::q4_gemv_a16")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::f32_panel_linear")(lambda x, panels, n, bias: out(x, n))
+    for name in ("f32_rows_linear", "f32_rows_chain_linear"):
+        torch.library.register_fake(f"fuelpipe_kernels::{name}")(
+            lambda x, weights, bias: out(x, sum(w.shape[0] for w in weights)))
     torch.library.register_fake("fuelpipe_kernels::slot_attention")(
         lambda q, k_buf, v_buf, slot_ids, mask, scale: q.new_empty((*q.shape[:-1], v_buf.shape[-1])))
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.registry import Registry, did_you_mean
 from fuelpipe.step import SYMBOLIC_KINDS
@@ -115,6 +116,7 @@ def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1) -> tuple
     for name in passes:
         fx_pass = FX_PASSES.get(name)
         applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
+    materialize_lazy_linears(gm)  # a fused group no pass rewrote runs on its concatenated weight
     return gm, applied
 
 

@@ -37,7 +37,8 @@ from torch import nn
 from fuelpipe.faults import Fault
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
-from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, linear_of, measured_linears, rewrite_all
+from fuelpipe.plan.linear_forms import (FAULTY_FORMS, FORMS, linear_of, measured_linears,
+                                        measured_linears_allowing_copies, rewrite_all)
 from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
 
 
@@ -85,12 +86,15 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
         nodes.sort(key=order.__getitem__)
         sizes = [m.out_features for m in mods]
         in_features, dtype, device = kinds.pop()
+        # The fused weight stays on ``meta``: a form that reads the parts where they lie (``rows``) never
+        # concatenates them; one that needs the concatenation makes it (``linear_forms.weight_of``), and
+        # ``trace_step`` makes it for any fused linear still called as a module after the passes.
         big = nn.Linear(in_features, sum(sizes), bias=has_bias.pop(), device="meta", dtype=dtype)
         with torch.no_grad():
             weights = [m.weight for m in mods]
-            w = derived("fused", weights, lambda: torch.cat([t.detach() for t in weights]).to(device))
-            big.weight = nn.Parameter(w, requires_grad=False)
+            big.weight.requires_grad_(False)
             big.fuelpipe_sources = weights  # later passes key their copies on the model's own tensors
+            big.register_forward_pre_hook(_make_weight_on_first_call)  # the graph runs between passes too
             if big.bias is not None:
                 biases = [m.bias for m in mods]
                 b = derived("fused", biases, lambda: torch.cat([t.detach() for t in biases]).to(device))
@@ -110,6 +114,14 @@ def fuse_sibling_linears(gm: fx.GraphModule) -> int:
     gm.graph.lint()
     gm.recompile()
     return fused
+
+
+def _make_weight_on_first_call(mod: nn.Linear, args) -> None:
+    """A lazy fused linear called as a module (no pass took it yet) makes its concatenated weight once."""
+    from fuelpipe.plan.linear_forms import is_lazy, weight_of
+
+    if is_lazy(mod):
+        mod.weight = nn.Parameter(weight_of(mod), requires_grad=False)
 
 
 def _packed_ops() -> dict:
@@ -209,6 +221,27 @@ def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
     return _all_in_form(gm, FAULTY_FORMS["panels"], rows=1, require=True)
 
 
+def run_linears_on_model_weights(gm: fx.GraphModule) -> int:
+    """Run each CPU f32 ``nn.Linear`` through the C++ kernel on the model's own weights
+    (``fuelpipe.plan.rows_linear``): no copy, a fused group on its parts where they lie. Returns count."""
+    return _all_in_form(gm, FORMS["rows"], rows=1, require=True)
+
+
+def run_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
+    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the in-place form: each part's rows rotated."""
+    return _all_in_form(gm, FAULTY_FORMS["rows"], rows=1, require=True)
+
+
+def chain_linears_on_model_weights(gm: fx.GraphModule) -> int:
+    """``run_linears_on_model_weights`` in the prompt recipe (``rows_linear(chain=True)``). Returns count."""
+    return _all_in_form(gm, FORMS["rows_chain"], rows=2, require=True)
+
+
+def chain_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
+    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the prompt recipe: each part's rows rotated."""
+    return _all_in_form(gm, FAULTY_FORMS["rows_chain"], rows=2, require=True)
+
+
 def _all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> int:
     threads = torch.get_num_threads()
     if require:
@@ -262,12 +295,18 @@ BUILTIN_PASSES = (
     FxPass("eliminate_dead_code_keeping_writes", eliminate_dead_code_keeping_writes),
     FxPass("transpose_linears_for_gemm", transpose_linears_for_gemm),
     FxPass("pack_linears_into_panels", pack_linears_into_panels),
+    FxPass("run_linears_on_model_weights", run_linears_on_model_weights),
+    FxPass("chain_linears_on_model_weights", chain_linears_on_model_weights),
+    FxPass("measured_linears_allowing_copies", measured_linears_allowing_copies, takes_rows=True),
     FxPass("measured_linears", measured_linears, takes_rows=True),
     FxPass("slot_attention_kernel", slot_attention_kernel),
     FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
     FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,
            negative_control_only=True),
     FxPass("pack_linears_into_panels_misordered", pack_linears_into_panels_misordered, negative_control_only=True),
+    FxPass("run_linears_on_model_weights_rotated", run_linears_on_model_weights_rotated, negative_control_only=True),
+    FxPass("chain_linears_on_model_weights_rotated", chain_linears_on_model_weights_rotated,
+           negative_control_only=True),
 )
 FX_PASSES: Registry[FxPass] = Registry("fuelpipe.fx_passes", "fx pass", FxPass)
 
@@ -278,11 +317,14 @@ FAULTY_PASSES = {
     Fault.SPLIT_PARTS_INTERLEAVED: (
         ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
         ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
+        ("run_linears_on_model_weights", "run_linears_on_model_weights_rotated"),
+        ("chain_linears_on_model_weights", "chain_linears_on_model_weights_rotated"),
     ),
 }
 # The explicit forms the measured pass chooses among that have a pass of their own (config_variants
 # runs each of them, so a form the measurement did not pick on this machine is still checked).
-MEASURED_FORM_PASSES = ("split_linears_across_threads", "pack_linears_into_panels")
+MEASURED_FORM_PASSES = ("split_linears_across_threads", "pack_linears_into_panels", "run_linears_on_model_weights",
+                        "chain_linears_on_model_weights")
 
 
 # What a GEMV-only pass becomes in a plan whose linears see several rows (a batch step):

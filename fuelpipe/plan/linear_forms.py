@@ -13,7 +13,18 @@ Forms (each a rewrite of an ``nn.Linear`` call in the traced step):
 * ``split_gemv``: the output rows split across the intra-op threads
   (``fuelpipe.plan.split_gemv``; one row only);
 * ``gemm_transposed``: ``x @ W^T`` against a contiguous transposed copy (several rows);
-* ``panels``: the C++ panel kernel (``fuelpipe.plan.panels``), any row count.
+* ``panels``: the C++ panel kernel (``fuelpipe.plan.panels``) on a packed copy, any row count;
+* ``rows`` / ``rows_chain``: the C++ kernel on the model's own row-major weights
+  (``fuelpipe.plan.rows_linear``; the GEMV recipe, and the prompt recipe for several rows),
+  any row count, no copy; a fused sibling group runs on its parts where they lie.
+
+Weights exist once: ``measured_linears`` chooses among the forms that read the
+model's own tensors (``rows``, ``rows_chain``, and ``linear`` on an unfused
+linear). ``measured_linears_allowing_copies`` lets the forms that hold a copy
+(panels, split, transposed, and ``linear`` on a fused group, whose weight is
+then concatenated) compete, and picks one only when it measures at least
+``COPY_MIN_GAIN`` faster than the fastest form reading the model's own tensors.
+A fused group's weight is made (``weight_of``) only by a form that needs it.
 
 Timing sweeps same-shape weights of the step in order (up to ``SWEEP_BYTES`` of
 them: more than a last-level cache holds), so each form is timed streaming
@@ -39,6 +50,7 @@ from torch import nn
 
 from fuelpipe.plan.derived_weights import derived
 from fuelpipe.plan.panels import kernels_available, pack_panels, pack_panels_misordered, panel_linear
+from fuelpipe.plan.rows_linear import rows_linear
 from fuelpipe.plan.split_gemv import WIDE_RATIO, split_weight, split_weight_interleaved, worth_splitting
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
@@ -57,6 +69,33 @@ def sources_of(lin: nn.Linear) -> list[torch.Tensor]:
     return list(getattr(lin, "fuelpipe_sources", None) or [lin.weight])
 
 
+def is_lazy(lin: nn.Linear) -> bool:
+    """A fused group's linear whose weight has not been made (``fuse_sibling_linears`` leaves it on ``meta``)."""
+    return lin.weight.is_meta and bool(getattr(lin, "fuelpipe_sources", None))
+
+
+def weight_of(lin: nn.Linear) -> torch.Tensor:
+    """The linear's weight [out, in]: for a lazy fused group, its parts concatenated (a copy, shared by every
+    plan built from the same parts through ``derived_weights``)."""
+    if is_lazy(lin):
+        parts = sources_of(lin)
+        return derived("fused", parts, lambda: torch.cat([t.detach() for t in parts]))
+    return lin.weight.detach()
+
+
+def materialize_lazy_linears(gm: fx.GraphModule) -> int:
+    """Give every lazy fused linear still called as a module its concatenated weight. Returns how many.
+
+    Runs after the passes: a linear no pass rewrote (a dtype no kernel takes, a pass list without the
+    measured pass) runs as ``F.linear`` on the fused weight."""
+    done = 0
+    for mod in gm.modules():
+        if type(mod) is nn.Linear and is_lazy(mod):
+            mod.weight = nn.Parameter(weight_of(mod), requires_grad=False)
+            done += 1
+    return done
+
+
 @dataclass(frozen=True)
 class LinearForm:
     """One way to run a linear. ``weight(lin)`` derives (and shares) the form's weight copy;
@@ -64,10 +103,13 @@ class LinearForm:
 
     name: str
     usable: Callable[[nn.Linear, int, int], bool]
-    weight: Callable[[nn.Linear], object]  # a tensor, or (tensor, static argument baked into the call)
+    # a tensor, or (tensor or list of tensors, static argument baked into the call)
+    weight: Callable[[nn.Linear], object]
     call: Callable[..., torch.Tensor]  # (x, weight-object, bias) -> y, eagerly (measuring, the readable form)
-    # (graph, x, weight buffer, static argument, bias buffer or None) -> the node computing y, in a traced graph
+    # (graph, x, weight buffer(s), static argument, bias buffer or None) -> the node computing y, in a traced graph
     emit: Optional[Callable[..., fx.Node]] = None
+    # whether the plan would hold a second copy of this linear's weight in this form
+    copies: Callable[[nn.Linear], bool] = lambda lin: True
 
     def runner(self, lin: nn.Linear) -> Runner:
         w, b = self.weight(lin), (lin.bias.detach() if lin.bias is not None else None)
@@ -76,20 +118,39 @@ class LinearForm:
 
 # ---- the forms ------------------------------------------------------------------------------------
 
+def device_of(lin: nn.Linear) -> torch.device:
+    """Where the linear's weights live (a lazy fused group's weight sits on ``meta``: its parts say)."""
+    return sources_of(lin)[0].device
+
+
 def _cpu_f32(lin: nn.Linear) -> bool:
-    return lin.weight.device.type == "cpu" and lin.weight.dtype == torch.float32
+    return device_of(lin).type == "cpu" and lin.weight.dtype == torch.float32
 
 
 def _split_copy(lin: nn.Linear, splitter=split_weight) -> tuple[torch.Tensor, bool]:
-    parts, weight = torch.get_num_threads(), lin.weight
-    w = derived(f"{splitter.__name__}/{parts}", sources_of(lin), lambda: splitter(weight.detach(), parts)[0])
-    return w, weight.shape[0] >= WIDE_RATIO * weight.shape[1]
+    parts, shape = torch.get_num_threads(), lin.weight.shape
+    w = derived(f"{splitter.__name__}/{parts}", sources_of(lin), lambda: splitter(weight_of(lin), parts)[0])
+    return w, shape[0] >= WIDE_RATIO * shape[1]
 
 
 def _panels_copy(lin: nn.Linear, packer=pack_panels) -> tuple[torch.Tensor, int]:
-    weight = lin.weight
-    tag = f"{packer.__name__}/{'x'.join(map(str, weight.shape))}"
-    return derived(tag, sources_of(lin), lambda: packer(weight.detach())), weight.shape[0]
+    shape = lin.weight.shape
+    tag = f"{packer.__name__}/{'x'.join(map(str, shape))}"
+    return derived(tag, sources_of(lin), lambda: packer(weight_of(lin))), shape[0]
+
+
+def _rows_parts(lin: nn.Linear) -> tuple[list[torch.Tensor], None]:
+    return [t.detach() for t in sources_of(lin)], None
+
+
+def _rows_parts_rotated(lin: nn.Linear) -> tuple[list[torch.Tensor], None]:
+    """The negative control: each part given as its rows 1.. then row 0 (views, no copy), so every part's
+    outputs come back rotated by one."""
+    parts = []
+    for t in sources_of(lin):
+        t = t.detach()
+        parts += [t[1:], t[:1]] if t.shape[0] > 1 else [t]
+    return parts, None
 
 
 def _split_call(x, w, b):
@@ -98,6 +159,14 @@ def _split_call(x, w, b):
 
 def _panels_call(x, w, b):
     return panel_linear(x, w[0], w[1], b)
+
+
+def _rows_call(x, w, b):
+    return rows_linear(x, w[0], b)
+
+
+def _rows_chain_call(x, w, b):
+    return rows_linear(x, w[0], b, chain=True)
 
 
 def _gemm_call(x, w, b):
@@ -113,23 +182,38 @@ def _panels_emit(g: fx.Graph, x, w, out_features, b):
     return g.call_function(torch.ops.fuelpipe_kernels.f32_panel_linear.default, (x, w, out_features, b))
 
 
+def _rows_emit(g: fx.Graph, x, parts, _static, b):
+    return g.call_function(torch.ops.fuelpipe_kernels.f32_rows_linear.default, (x, list(parts), b))
+
+
+def _rows_chain_emit(g: fx.Graph, x, parts, _static, b):
+    return g.call_function(torch.ops.fuelpipe_kernels.f32_rows_chain_linear.default, (x, list(parts), b))
+
+
 def _gemm_emit(g: fx.Graph, x, w, _static, b):
     y = g.call_function(torch.matmul, (x, w))
     return y if b is None else g.call_function(operator.add, (y, b))
 
 
 FORMS: dict[str, LinearForm] = {
-    "linear": LinearForm("linear", lambda lin, rows, threads: True, lambda lin: lin.weight.detach(),
-                         lambda x, w, b: F.linear(x, w, b)),  # the traced call as it is: nothing to emit
+    # the traced call as it is: nothing to emit (a lazy fused group's weight is made after the passes)
+    "linear": LinearForm("linear", lambda lin, rows, threads: True, weight_of, lambda x, w, b: F.linear(x, w, b),
+                         copies=is_lazy),
     "split_gemv": LinearForm(
-        "split_gemv", lambda lin, rows, threads: rows == 1 and worth_splitting(lin.weight, threads),
+        "split_gemv", lambda lin, rows, threads: (rows == 1 and device_of(lin).type == "cpu"
+                                                  and worth_splitting(lin.weight.to("meta"), threads, on_cpu=True)),
         _split_copy, _split_call, _split_emit),
     "gemm_transposed": LinearForm(
-        "gemm_transposed", lambda lin, rows, threads: rows > 1 and lin.weight.device.type == "cpu",
-        lambda lin: derived("transposed", sources_of(lin), lambda: lin.weight.detach().t().contiguous()), _gemm_call,
+        "gemm_transposed", lambda lin, rows, threads: rows > 1 and device_of(lin).type == "cpu",
+        lambda lin: derived("transposed", sources_of(lin), lambda: weight_of(lin).t().contiguous()), _gemm_call,
         _gemm_emit),
     "panels": LinearForm("panels", lambda lin, rows, threads: _cpu_f32(lin) and kernels_available() is None,
                          _panels_copy, _panels_call, _panels_emit),
+    "rows": LinearForm("rows", lambda lin, rows, threads: _cpu_f32(lin) and kernels_available() is None,
+                       _rows_parts, _rows_call, _rows_emit, copies=lambda lin: False),
+    "rows_chain": LinearForm("rows_chain", lambda lin, rows, threads: rows > 1 and _cpu_f32(lin)
+                             and kernels_available() is None, _rows_parts, _rows_chain_call, _rows_chain_emit,
+                             copies=lambda lin: False),
 }
 # The negative control's forms (Fault.SPLIT_PARTS_INTERLEAVED): outputs assembled in the wrong order.
 FAULTY_FORMS: dict[str, LinearForm] = {
@@ -137,6 +221,10 @@ FAULTY_FORMS: dict[str, LinearForm] = {
                              lambda lin: _split_copy(lin, split_weight_interleaved), _split_call, _split_emit),
     "panels": LinearForm("panels_misordered", FORMS["panels"].usable,
                          lambda lin: _panels_copy(lin, pack_panels_misordered), _panels_call, _panels_emit),
+    "rows": LinearForm("rows_rotated", FORMS["rows"].usable, _rows_parts_rotated, _rows_call, _rows_emit,
+                       copies=FORMS["rows"].copies),
+    "rows_chain": LinearForm("rows_chain_rotated", FORMS["rows_chain"].usable, _rows_parts_rotated, _rows_chain_call,
+                             _rows_chain_emit, copies=FORMS["rows_chain"].copies),
 }
 
 
@@ -153,8 +241,14 @@ def rewrite(gm: fx.GraphModule, node: fx.Node, lin: nn.Linear, form: LinearForm,
         if lin.bias is not None:
             gm.register_buffer(f"form_bias_{index}", lin.bias.detach())
             b_node = gm.graph.get_attr(f"form_bias_{index}")
-        gm.register_buffer(f"form_weight_{index}", weight)
-        out = form.emit(gm.graph, node.args[0], gm.graph.get_attr(f"form_weight_{index}"), static, b_node)
+        if isinstance(weight, list):  # several tensors (a fused group's parts): one buffer each
+            for j, part in enumerate(weight):
+                gm.register_buffer(f"form_weight_{index}_{j}", part)
+            w_node = [gm.graph.get_attr(f"form_weight_{index}_{j}") for j in range(len(weight))]
+        else:
+            gm.register_buffer(f"form_weight_{index}", weight)
+            w_node = gm.graph.get_attr(f"form_weight_{index}")
+        out = form.emit(gm.graph, node.args[0], w_node, static, b_node)
     node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
 
@@ -178,7 +272,7 @@ def rewrite_all(gm: fx.GraphModule, choose: Callable[[nn.Linear], Optional[Linea
 def _first_free_index(gm: fx.GraphModule) -> int:
     """The first index no earlier rewrite of ``gm`` used for its buffers."""
     i = 0
-    while hasattr(gm, f"form_weight_{i}") or hasattr(gm, f"form_bias_{i}"):
+    while hasattr(gm, f"form_weight_{i}") or hasattr(gm, f"form_weight_{i}_0") or hasattr(gm, f"form_bias_{i}"):
         i += 1
     return i
 
@@ -215,32 +309,55 @@ _CHOICES: dict[tuple, str] = {}
 # microseconds, a timing of it is noise, and a noisy choice would differ from process to process
 # (the same plan computing other low bits in another run).
 MEASURE_MIN_ELEMENTS = 2**18
+# A form holding a second copy of a weight must measure at least this much faster than the fastest form
+# reading the model's own tensors: a copy doubles that weight's memory for good, so a gain within the
+# timing's noise (a few percent here) does not buy it.
+COPY_MIN_GAIN = 0.10
 
 
 def shape_class(lin: nn.Linear) -> tuple:
-    return (lin.out_features, lin.in_features, lin.bias is not None, lin.weight.dtype, lin.weight.device.type)
+    return (lin.out_features, lin.in_features, lin.bias is not None, lin.weight.dtype, device_of(lin).type)
 
 
 def choose_forms(lins: list[nn.Linear], rows: int, timer: Timer = time_form,
-                 candidates: tuple[str, ...] = tuple(FORMS)) -> dict[tuple, str]:
-    """shape class -> the fastest usable form's name for ``lins`` at ``rows`` rows on this CPU (cached)."""
+                 candidates: tuple[str, ...] = tuple(FORMS), allow_copies: bool = False) -> dict[tuple, str]:
+    """shape class -> the fastest usable form's name for ``lins`` at ``rows`` rows on this CPU (cached).
+
+    ``allow_copies``: forms holding a copy of the weight compete too (chosen only when they measure
+    ``COPY_MIN_GAIN`` faster); otherwise only forms reading the model's own tensors do, and a linear no
+    such form can run (a fused group where the kernels cannot be built) falls back to ``F.linear``."""
     threads = torch.get_num_threads()
     groups: dict[tuple, list[nn.Linear]] = {}
     for lin in lins:
         groups.setdefault(shape_class(lin), []).append(lin)
     chosen = {}
     for shape, group in groups.items():
-        small = group[0].weight.numel() < MEASURE_MIN_ELEMENTS
-        usable = ("linear",) if small else tuple(n for n in candidates if FORMS[n].usable(group[0], rows, threads))
-        key = (shape, rows, threads, usable, timer)
+        lin = group[0]
+        small = lin.weight.numel() < MEASURE_MIN_ELEMENTS
+        usable = ("linear",) if small else tuple(n for n in candidates if FORMS[n].usable(lin, rows, threads)
+                                                 and (allow_copies or not FORMS[n].copies(lin)))
+        usable = usable or ("linear",)
+        copying = tuple(n for n in usable if FORMS[n].copies(lin))
+        key = (shape, is_lazy(lin), rows, threads, usable, copying, timer)
         if key not in _CHOICES:
             if len(usable) == 1:
                 _CHOICES[key] = usable[0]
             else:
                 times = {n: timer(FORMS[n], group, rows) for n in usable}
-                _CHOICES[key] = min(usable, key=times.__getitem__)
+                _CHOICES[key] = pick(times, copying)
         chosen[shape] = _CHOICES[key]
     return chosen
+
+
+def pick(times: dict[str, float], copying: tuple[str, ...]) -> str:
+    """The form to run, from measured ``times``: the fastest reading the model's own weights, unless a
+    form holding a copy is at least ``COPY_MIN_GAIN`` faster than it (then the fastest such)."""
+    own = [n for n in times if n not in copying]
+    best = min(times, key=times.__getitem__)
+    if not own or best in own:
+        return best
+    best_own = min(own, key=times.__getitem__)
+    return best if times[best] <= (1.0 - COPY_MIN_GAIN) * times[best_own] else best_own
 
 
 def forget_choices() -> None:
@@ -248,10 +365,16 @@ def forget_choices() -> None:
     _CHOICES.clear()
 
 
-def measured_linears(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form) -> int:
-    """Run each linear of ``gm`` in the form measured fastest here, at ``rows`` rows. Returns linears rewritten."""
+def measured_linears(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form, allow_copies: bool = False) -> int:
+    """Run each linear of ``gm`` in the form measured fastest here, at ``rows`` rows, among the forms that read
+    the model's own weights (and, with ``allow_copies``, those holding a copy that pays). Returns linears rewritten."""
     lins = [lin for node in gm.graph.nodes if (lin := linear_of(gm, node)) is not None]
     if not lins:
         return 0
-    chosen = choose_forms(lins, rows, timer)
+    chosen = choose_forms(lins, rows, timer, allow_copies=allow_copies)
     return rewrite_all(gm, lambda lin: FORMS[chosen[shape_class(lin)]])
+
+
+def measured_linears_allowing_copies(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form) -> int:
+    """``measured_linears`` where forms holding a copy of a weight (panels, split, transposed) compete too."""
+    return measured_linears(gm, rows, timer, allow_copies=True)

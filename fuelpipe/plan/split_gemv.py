@@ -41,10 +41,11 @@ WIDE_RATIO = 4  # cols layout when out_features >= WIDE_RATIO * in_features
 MIN_SPLIT_ELEMENTS = 2**18
 
 
-def worth_splitting(weight: torch.Tensor, parts: int) -> bool:
-    """Split only on CPU, across >= 2 parts that divide the outputs, and for matrices big enough to pay."""
+def worth_splitting(weight: torch.Tensor, parts: int, on_cpu: bool = False) -> bool:
+    """Split only on CPU (``on_cpu``: the caller knows, for a weight not yet made), across >= 2 parts that
+    divide the outputs, and for matrices big enough to pay."""
     n = weight.shape[0]
-    return (weight.device.type == "cpu" and parts >= 2 and n % parts == 0
+    return ((on_cpu or weight.device.type == "cpu") and parts >= 2 and n % parts == 0
             and weight.numel() >= MIN_SPLIT_ELEMENTS)
 
 

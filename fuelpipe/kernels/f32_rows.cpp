@@ -1,0 +1,315 @@
+// f32 linears on the model's own weights, read where they lie: x [M, K] times row-major W [N, K] (no copy).
+//
+// A fused sibling group (q/k/v, gate/up) is a list of matrices with one K: their outputs are written side
+// by side as if the matrices were concatenated along N, with nothing concatenated in memory.
+// fuelpipe.plan.rows_linear.reference_rows_linear is the readable statement.
+//
+// What every path computes, for each output (m, n), with W the row n of its matrix:
+//     eight lanes l = 0..7, each one sequential multiply-add chain over k = l, l + 8, l + 16, ... < K8
+//     (K8 = K rounded down to a multiple of 8), summed in the fixed tree ((l0 + l4) + (l2 + l6)) +
+//     ((l1 + l5) + (l3 + l7)), then the tail k = K8 .. K - 1 chained on in order, then the bias added.
+// No path reorders that, so a row's result does not depend on M (a batch row equals the same row decoded
+// alone, bit for bit), on which rows share a tile, or on the thread count (threads split output rows).
+//
+// Loop order: a thread takes a run of output rows; for each tile of R weight rows (R x K floats, in L1)
+// it passes every tile of MR rows of x, so each weight byte comes from memory once per call whatever M is.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define FUELPIPE_ROWS_AVX2 1
+#endif
+
+namespace {
+
+constexpr int kLanes = 8;
+
+// The lanes' fixed summation tree (above), on an array of 8.
+inline float tree_sum(const float* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+// One output: the lanes' sum, the tail chained on, the bias added.
+inline float finish(const float* lanes, const float* w, const float* x, int64_t k8, int64_t K, const float* bias) {
+  float s = tree_sum(lanes);
+  for (int64_t k = k8; k < K; ++k) s = std::fma(w[k], x[k], s);
+  return bias ? s + *bias : s;
+}
+
+// The portable path: the same lanes, one at a time.
+void dot_scalar(const float* w, const float* x, int64_t K, float* out, const float* bias) {
+  const int64_t k8 = K / kLanes * kLanes;
+  float lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (k8 > 0) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] = w[l] * x[l];
+    for (int64_t k = kLanes; k < k8; k += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] = std::fma(w[k + l], x[k + l], lanes[l]);
+  }
+  *out = finish(lanes, w, x, k8, K, bias);
+}
+
+#ifdef FUELPIPE_ROWS_AVX2
+// R weight rows (any addresses: w[r] is row r) against MR rows of x (stride K): R * MR accumulators (at most
+// 12 of the 16 ymm registers), R + MR loads per R * MR multiply-adds. Output (m, r) goes to out[m * ldo + col[r]].
+template <int R, int MR>
+void tile_avx2(const float* const* w, const float* x, int64_t K, float* out, int64_t ldo, const int64_t* col,
+               const float* bias) {
+  static_assert(R * MR <= 12, "accumulators must fit the register file");
+  const int64_t k8 = K / kLanes * kLanes;
+  __m256 acc[R][MR];
+  if (k8 == 0) {
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
+  } else {
+    __m256 xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * K);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w[r]);
+      for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_mul_ps(wv, xv[m]);
+    }
+    for (int64_t k = kLanes; k < k8; k += kLanes) {
+      if constexpr (MR == 1) {  // a GEMV: each weight vector is used once, so fold it into its multiply-add
+        const __m256 x0 = _mm256_loadu_ps(x + k);
+        for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + k), x0, acc[r][0]);
+      } else {  // x's MR vectors and each weight vector loaded once: R + MR loads per R * MR multiply-adds
+        for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * K + k);
+        for (int r = 0; r < R; ++r) {
+          __m256 wv = _mm256_loadu_ps(w[r] + k);
+          asm("" : "+x"(wv));  // keep it a register: without this GCC folds x's loads into each FMA instead
+          for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+        }
+      }
+    }
+  }
+  alignas(32) float lanes[kLanes];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) {
+      _mm256_store_ps(lanes, acc[r][m]);
+      out[m * ldo + col[r]] = finish(lanes, w[r], x + m * K, k8, K, bias ? bias + col[r] : nullptr);
+    }
+}
+#endif
+
+// R weight rows against all M rows of x, MR rows at a time (MR = 3: a tile of 2 or 1 rows for the rest).
+template <int R, int MR>
+void rows_against_x(const float* const* w, const float* x, int64_t M, int64_t K, float* out, int64_t ldo,
+                    const int64_t* col, const float* bias) {
+#ifdef FUELPIPE_ROWS_AVX2
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) tile_avx2<R, MR>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+  if (M - m == 2) tile_avx2<R, 2>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+  else if (M - m == 1) tile_avx2<R, 1>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+#else
+  for (int r = 0; r < R; ++r)
+    for (int64_t m = 0; m < M; ++m)
+      dot_scalar(w[r], x + m * K, K, out + m * ldo + col[r], bias ? bias + col[r] : nullptr);
+#endif
+}
+
+// The matrices as one list of output rows: global row n lives in matrix part_of(n) at a known address.
+struct Rows {
+  std::vector<const float*> base;  // each matrix's first row
+  std::vector<int64_t> stride;     // each matrix's row stride (floats)
+  std::vector<int64_t> first;      // each matrix's first global row, and N at the end
+  const float* row(int64_t n) const {
+    size_t i = 0;
+    while (n >= first[i + 1]) ++i;
+    return base[i] + (n - first[i]) * stride[i];
+  }
+};
+
+// Output rows [n0, n1) against every row of x. The run is cut into kStreams equal stretches walked in
+// lockstep, one row of each per tile: a single core keeps several distant memory streams in flight, which
+// the hardware prefetchers serve much better than one (measured, SmolLM2 shapes, AMD EPYC, one row of x:
+// one stream 40-51 ms for a token's linears on 1 thread, four streams 35, panel-packed weights 34).
+constexpr int kStreams = 4;
+void rows_block(const Rows& rows, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t K, float* out,
+                const float* bias) {
+  const int64_t N = rows.first.back();
+  const int64_t per = (n1 - n0) / kStreams;
+  const float* w[kStreams];
+  int64_t col[kStreams];
+  for (int64_t i = 0; i < per; ++i) {
+    for (int s = 0; s < kStreams; ++s) {
+      col[s] = n0 + s * per + i;
+      w[s] = rows.row(col[s]);
+    }
+    if (M == 1) rows_against_x<kStreams, 1>(w, x, M, K, out, N, col, bias);
+    else rows_against_x<kStreams, 3>(w, x, M, K, out, N, col, bias);
+  }
+  for (int64_t n = n0 + kStreams * per; n < n1; ++n) {  // the few rows left over
+    const float* w1[1] = {rows.row(n)};
+    const int64_t c1[1] = {n};
+    rows_against_x<1, 1>(w1, x, M, K, out, N, c1, bias);
+  }
+}
+
+// ---- the prompt recipe: one sequential chain per output, x packed k-major per call ----------------------
+//
+// For many rows of x (a prompt) the lane recipe re-reads x for every few weight rows. This recipe packs x
+// once per call into xt [K, M8] (k-major, rows padded with zeros to a multiple of 8) and computes each
+// output as one sequential multiply-add chain over k:
+//     y[m, n] = fma(w[n, K-1], x[m, K-1], ... fma(w[n, 1], x[m, 1], w[n, 0] * x[m, 0]))  (+ bias[n])
+// (the panel kernel's chain), broadcasting one weight at a time against 8 or 16 rows of x. A plan picks one
+// recipe when it is built, so within a plan a row's result still does not depend on M or on the threads.
+
+constexpr int kNr = 6;  // weight rows per tile: 12 accumulators + 2 x vectors + 1 broadcast
+
+inline void store_cols(const float* acc, int64_t count, float* out, int64_t ldo, float bias) {
+  for (int64_t j = 0; j < count; ++j) out[j * ldo] = acc[j] + bias;  // acc[j] is row m0 + j of column n
+}
+
+// NR weight rows (w[r], any addresses) against 8 * V packed rows of x starting at xt (row stride ld8).
+template <int NR, int V>
+void chain_tile(const float* const* w, const float* xt, int64_t ld8, int64_t K, float* out, int64_t ldo,
+                const int64_t* col, int64_t mcount, const float* bias) {
+#ifdef FUELPIPE_ROWS_AVX2
+  __m256 acc[NR][V];
+  for (int v = 0; v < V; ++v) {
+    const __m256 xv = _mm256_loadu_ps(xt + 8 * v);
+    for (int r = 0; r < NR; ++r) acc[r][v] = _mm256_mul_ps(_mm256_broadcast_ss(w[r]), xv);
+  }
+  for (int64_t k = 1; k < K; ++k) {
+    __m256 xv[V];
+    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * ld8 + 8 * v);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wb = _mm256_broadcast_ss(w[r] + k);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
+    }
+  }
+  // All accumulators out first, with no control flow among them: GCC keeps an array of vectors in
+  // registers only when nothing indexes it conditionally (else it stores every one every k, ~2x slower).
+  alignas(32) float lanes[NR][V][8];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < V; ++v) _mm256_store_ps(lanes[r][v], acc[r][v]);
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < V; ++v) {
+      const int64_t count = std::min<int64_t>(8, mcount - 8 * v);
+      if (count > 0) store_cols(lanes[r][v], count, out + 8 * v * ldo + col[r], ldo, bias ? bias[col[r]] : 0.0f);
+    }
+#else
+  for (int r = 0; r < NR; ++r)
+    for (int64_t j = 0; j < std::min<int64_t>(8 * V, mcount); ++j) {
+      float s = w[r][0] * xt[j];
+      for (int64_t k = 1; k < K; ++k) s = std::fma(w[r][k], xt[k * ld8 + j], s);
+      out[j * ldo + col[r]] = bias ? s + bias[col[r]] : s;
+    }
+#endif
+}
+
+template <int NR>
+void chain_rows(const float* const* w, const float* xt, int64_t M, int64_t ld8, int64_t K, float* out, int64_t ldo,
+                const int64_t* col, const float* bias) {
+  int64_t m = 0;
+  for (; m + 16 <= ld8; m += 16) chain_tile<NR, 2>(w, xt + m, ld8, K, out + m * ldo, ldo, col, M - m, bias);
+  if (m < ld8) chain_tile<NR, 1>(w, xt + m, ld8, K, out + m * ldo, ldo, col, M - m, bias);
+}
+
+void chain_block(const Rows& rows, int64_t n0, int64_t n1, const float* xt, int64_t M, int64_t ld8, int64_t K,
+                 float* out, const float* bias) {
+  const int64_t N = rows.first.back();
+  const float* w[kNr];
+  int64_t col[kNr];
+  int64_t n = n0;
+  for (; n + kNr <= n1; n += kNr) {
+    for (int r = 0; r < kNr; ++r) {
+      col[r] = n + r;
+      w[r] = rows.row(n + r);
+    }
+    chain_rows<kNr>(w, xt, M, ld8, K, out, N, col, bias);
+  }
+  for (; n < n1; ++n) {
+    const float* w1[1] = {rows.row(n)};
+    const int64_t c1[1] = {n};
+    chain_rows<1>(w1, xt, M, ld8, K, out, N, c1, bias);
+  }
+}
+
+// ---- the operators ---------------------------------------------------------------------------------------
+
+// Checks the arguments (naming the operator) and lists the matrices' rows; returns N.
+int64_t checked_rows(const char* op, const at::Tensor& x_in, at::TensorList weights, const c10::optional<at::Tensor>& bias,
+                     Rows& rows) {
+  TORCH_CHECK(!weights.empty(), op, ": no weight matrices given");
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat, op, ": x must be float32 on the CPU, got ",
+              x_in.scalar_type(), " on ", x_in.device());
+  const int64_t K = weights[0].dim() == 2 ? weights[0].size(1) : -1;
+  int64_t N = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) == K && w.size(0) >= 1,
+                op, ": weight ", i, " must be float32 [N, ", K, "] on the CPU, got ", w.scalar_type(), " ", w.sizes(),
+                " on ", w.device());
+    TORCH_CHECK(w.stride(1) == 1 && w.stride(0) >= K, op, ": weight ", i,
+                " must have unit stride along in_features and rows at least K apart, got strides ", w.strides());
+    rows.base.push_back(w.data_ptr<float>());
+    rows.stride.push_back(w.stride(0));
+    rows.first.push_back(N);
+    N += w.size(0);
+  }
+  rows.first.push_back(N);
+  TORCH_CHECK(K >= 1, op, ": in_features must be at least 1, got ", K);
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == K, op, ": x's last dimension must be in_features=", K, ", got shape ",
+              x_in.sizes());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == N,
+                op, ": bias must be float32 [", N, "] on the CPU, got ", bias->scalar_type(), " ", bias->sizes());
+  }
+  return N;
+}
+
+at::Tensor rows_product(const char* op, bool chain, const at::Tensor& x_in, at::TensorList weights,
+                        const c10::optional<at::Tensor>& bias) {
+  Rows rows;
+  const int64_t N = checked_rows(op, x_in, weights, bias, rows);
+  const int64_t K = weights[0].size(1);
+  const at::Tensor x = x_in.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t M = x.numel() / K;
+  if (M == 0) return out;
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  float* op_out = out.data_ptr<float>();
+  // Tasks of at least ~64 KiB of weights each: smaller products run on the calling thread.
+  const int64_t grain = std::max<int64_t>(1, (64 * 1024) / (K * 4));
+  if (!chain) {
+    const float* xp = x.data_ptr<float>();
+    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { rows_block(rows, n0, n1, xp, M, K, op_out, bp); });
+    return out;
+  }
+  const int64_t ld8 = (M + 7) / 8 * 8;
+  at::Tensor xt = at::zeros({K, ld8}, x.options());  // x packed k-major, padded rows zero
+  xt.narrow(1, 0, M).copy_(x.view({M, K}).t());
+  const float* xtp = xt.data_ptr<float>();
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { chain_block(rows, n0, n1, xtp, M, ld8, K, op_out, bp); });
+  return out;
+}
+
+at::Tensor f32_rows_linear(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& bias) {
+  return rows_product("f32_rows_linear", false, x, weights, bias);
+}
+
+at::Tensor f32_rows_chain_linear(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& bias) {
+  return rows_product("f32_rows_chain_linear", true, x, weights, bias);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuelpipe_kernels, m) {
+  m.def("f32_rows_linear(Tensor x, Tensor[] weights, Tensor? bias) -> Tensor");
+  m.def("f32_rows_chain_linear(Tensor x, Tensor[] weights, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
+  m.impl("f32_rows_linear", f32_rows_linear);
+  m.impl("f32_rows_chain_linear", f32_rows_chain_linear);
+}

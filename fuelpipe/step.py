@@ -63,9 +63,18 @@ def run_step(
             cos=cos[layer_spec[i]], sin=sin[layer_spec[i]], mask=masks[layer_variant[i]], kv=kv_views[i]
         )
         h = backbone.apply_layer(i, h, inputs)
-    last = h[:, -1:, :] if last_index is None else h[0].index_select(0, last_index)[:, None, :]  # [B or n, 1, hidden]
-    logits = backbone.final(last)  # [B or n, 1, vocab]
+    logits = backbone.final(last_positions(h, last_index))  # [B or n, 1, vocab]
     return logits[:, 0, :].float()
+
+
+def last_positions(h: torch.Tensor, last_index: torch.Tensor | None) -> torch.Tensor:
+    """h [B, T, hidden] -> [B, 1, hidden], each row's last position; with ``last_index [n]`` (a packed step,
+    B = 1) those positions of the one row, [n, 1, hidden]. An fx leaf: a pass can tell that what follows
+    (the head) sees one row per sequence, not one per token (``fuelpipe.plan.linear_forms``)."""
+    return h[:, -1:, :] if last_index is None else h[0].index_select(0, last_index)[:, None, :]
+
+
+torch.fx.wrap("last_positions")
 
 
 class _Step(nn.Module):

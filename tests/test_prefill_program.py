@@ -37,6 +37,24 @@ def test_one_program_serves_every_prompt_length_and_matches_eager(model, backend
     assert eager.prefill_plans.builds == 0 and eager.prefill_plans.eager  # the eager backend keeps the eager step
 
 
+def test_a_compiled_prompt_program_serves_every_length_and_matches_eager(model):
+    """backend.compile_prompt: one dynamic-shape compile, every prompt length, the eager reference's logits."""
+    from fuelpipe.plan.prefill_program import _CompiledOnFirstCall
+
+    ctx = InferenceContext(model, BackendSpec("inductor", compile_prompt=True))
+    eager = InferenceContext(model, "eager")
+    traced_only = InferenceContext(model, BackendSpec("inductor"))
+    for ids in ([1, 2, 3], list(range(5, 45)), [7, 8], list(range(9, 30))):
+        torch.testing.assert_close(_prefill(ctx, ids), _prefill(eager, ids), rtol=0, atol=1e-4)
+        _prefill(traced_only, ids)
+    assert ctx.prefill_plans.builds == 1
+    (program,) = ctx.prefill_plans.programs.values()
+    assert isinstance(program.fn, _CompiledOnFirstCall) and not program.fn.first
+    # the compile is counted as build time: far more than tracing alone
+    assert ctx.prefill_plans.build_s > traced_only.prefill_plans.build_s
+    assert not isinstance(next(iter(traced_only.prefill_plans.programs.values())).fn, _CompiledOnFirstCall)
+
+
 def test_the_program_and_a_held_decode_plan_continue_the_same_sequence(model):
     ctx, eager = InferenceContext(model, "fx"), InferenceContext(model, "eager")
     caches = [c.new_cache(32) for c in (ctx, eager)]

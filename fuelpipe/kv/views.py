@@ -14,10 +14,17 @@ Every view returns only attendable data: a slot that no query of the step may
 attend is returned as exactly 0 (``without_masked_slots``), whatever the
 buffer holds there (a recycled block's NaN, a reused cache's old rows, the
 null block). ``keep_masked_garbage`` exists only for the negative control.
+
+The one-sequence contiguous views also ``attend``: write, then one traced
+``slot_attention`` call over the written buffer (one slot, slot 0), which the
+``slot_attention_kernel`` pass hands to the C++ kernel. The kernel reads the
+live keys where they lie and skips every masked position, instead of a masked
+copy of the whole capacity plus SDPA over it.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from fuelpipe.masks import live_slots_as, without_masked_slots
 
@@ -43,7 +50,25 @@ class _Visible:
         return torch.where(memo[key][1], x, 0.0)
 
 
-class TensorOffsetKv(_Visible):
+class _AttendsInPlace(_Visible):
+    """Mixin of the one-sequence contiguous views: ``_written`` writes k, v and returns the written buffers
+    [1, Hkv, S', D] and mask [1, 1, T, S'] attention reads; ``attend`` attends them in one traced call."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+        """Write k, v [1, Hkv, T, D]; q [1, H, T, D] attends under mask [1, 1, T, S] -> [1, H, T, Dv].
+
+        One traced ``slot_attention`` call over the written buffers (the sequence is slot 0); under the
+        UNSAFE_MASKED_SLOTS fault the masked copy is skipped and its garbage reaches SDPA."""
+        from fuelpipe.kv.slot_attention import slot_attention
+
+        if self.keep_masked_garbage:
+            keys, values, mask = self.write_and_read(k, v, mask)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        k_buf, v_buf, mask = self._written(k, v, mask)
+        return slot_attention(q, k_buf, v_buf, mask.new_zeros(1, dtype=torch.int64), mask, scale)
+
+
+class TensorOffsetKv(_AttendsInPlace):
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, write_index: torch.Tensor) -> None:
         self.k_buf = k_buf  # [1, Hkv, S, D]  (one sequence; a batch uses fuelpipe.kv.batch_views)
         self.v_buf = v_buf  # [1, Hkv, S, D]
@@ -55,12 +80,14 @@ class TensorOffsetKv(_Visible):
         The read uses the tensor returned by the in-place write, so the write is
         a data dependency of attention and no dead-code pass can drop it.
         """
-        keys = self.k_buf.index_copy_(2, self.write_index, k)
-        values = self.v_buf.index_copy_(2, self.write_index, v)
+        keys, values, mask = self._written(k, v, mask)
         return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
+    def _written(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+        return self.k_buf.index_copy_(2, self.write_index, k), self.v_buf.index_copy_(2, self.write_index, v), mask
 
-class SymbolOffsetKv(_Visible):
+
+class SymbolOffsetKv(_AttendsInPlace):
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, cached_len, attended_len) -> None:
         self.k_buf = k_buf
         self.v_buf = v_buf
@@ -68,13 +95,16 @@ class SymbolOffsetKv(_Visible):
         self.attended_len = attended_len  # int: live prefix length including this pass
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+        keys, values, mask = self._written(k, v, mask)
+        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
+
+    def _written(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         t = k.shape[2]
         self.k_buf.narrow(2, self.cached_len, t).copy_(k)
         self.v_buf.narrow(2, self.cached_len, t).copy_(v)
         keys = self.k_buf.narrow(2, 0, self.attended_len)
         values = self.v_buf.narrow(2, 0, self.attended_len)
-        mask = mask.narrow(-1, 0, self.attended_len)
-        return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
+        return keys, values, mask.narrow(-1, 0, self.attended_len)
 
 
 class PagedKv(_Visible):

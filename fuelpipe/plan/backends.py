@@ -49,6 +49,9 @@ class BackendSpec:
     # Rows each linear of the step sees per call (1 for a single-stream step, B for a batch
     # bucket's): set by the driver when it builds a plan; passes that choose by measurement use it.
     rows: int = 1
+    # Compile the prompt program with the backend's compiler too (a backend with a ``prompt_compiler``:
+    # inductor), shape-generic, on its first call. Off: the prompt program runs as the traced graph.
+    compile_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -107,15 +110,20 @@ class StepProgram:
         return stack
 
 
-def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1) -> tuple[fx.GraphModule, dict[str, int]]:
+def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1,
+               sequences: Optional[int] = None) -> tuple[fx.GraphModule, dict[str, int]]:
     """``step`` traced into an fx graph with ``passes`` (registered fx pass names) applied in order.
 
-    ``rows``: how many rows each linear sees per call, for the passes that take it."""
+    ``rows``: how many rows each linear sees per call, for the passes that take it; ``sequences``: how
+    many sequences the step serves (the head's rows; a prompt program's 1), where it differs."""
     gm = fx.symbolic_trace(step)
     applied = {}
     for name in passes:
         fx_pass = FX_PASSES.get(name)
-        applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
+        if fx_pass.takes_sequences and sequences is not None:
+            applied[name] = fx_pass.run(gm, rows, sequences=sequences)
+        else:
+            applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
     materialize_lazy_linears(gm)  # a fused group no pass rewrote runs on its concatenated weight
     return gm, applied
 
@@ -132,6 +140,8 @@ class BackendEntry:
     name: str
     build: Callable[[BackendSpec, nn.Module, str], StepProgram]
     traces: bool = True
+    # gm -> a callable compiled for every prompt length (``backend.compile_prompt``); None: not offered
+    prompt_compiler: Optional[Callable[[fx.GraphModule], Callable]] = None
 
 
 def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
@@ -174,7 +184,8 @@ def _build_inductor_cached(spec: BackendSpec, step: nn.Module, step_kind: str) -
 BUILTIN_BACKENDS = (
     BackendEntry("eager", _build_eager, traces=False),
     BackendEntry("fx", _build_fx),
-    BackendEntry("inductor", _build_inductor),
+    BackendEntry("inductor", _build_inductor,
+                 prompt_compiler=lambda gm: torch.compile(gm, fullgraph=True, dynamic=True)),
 )
 BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", BackendEntry)
 

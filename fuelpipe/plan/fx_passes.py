@@ -285,6 +285,8 @@ class FxPass:
     run: Callable[..., int]
     negative_control_only: bool = False
     takes_rows: bool = False  # run(gm, rows): the rows each linear sees per call (1, or a batch's B)
+    # run(gm, rows, sequences=n): also how many sequences the step serves (what the head sees), when known
+    takes_sequences: bool = False
 
 
 DEFAULT_PASSES = ("fuse_sibling_linears", "measured_linears", "slot_attention_kernel",
@@ -297,8 +299,9 @@ BUILTIN_PASSES = (
     FxPass("pack_linears_into_panels", pack_linears_into_panels),
     FxPass("run_linears_on_model_weights", run_linears_on_model_weights),
     FxPass("chain_linears_on_model_weights", chain_linears_on_model_weights),
-    FxPass("measured_linears_allowing_copies", measured_linears_allowing_copies, takes_rows=True),
-    FxPass("measured_linears", measured_linears, takes_rows=True),
+    FxPass("measured_linears_allowing_copies", measured_linears_allowing_copies, takes_rows=True,
+           takes_sequences=True),
+    FxPass("measured_linears", measured_linears, takes_rows=True, takes_sequences=True),
     FxPass("slot_attention_kernel", slot_attention_kernel),
     FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
     FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,

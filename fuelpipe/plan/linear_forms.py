@@ -365,16 +365,44 @@ def forget_choices() -> None:
     _CHOICES.clear()
 
 
-def measured_linears(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form, allow_copies: bool = False) -> int:
+def measured_linears(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form, allow_copies: bool = False,
+                     sequences: Optional[int] = None) -> int:
     """Run each linear of ``gm`` in the form measured fastest here, at ``rows`` rows, among the forms that read
-    the model's own weights (and, with ``allow_copies``, those holding a copy that pays). Returns linears rewritten."""
-    lins = [lin for node in gm.graph.nodes if (lin := linear_of(gm, node)) is not None]
-    if not lins:
+    the model's own weights (and, with ``allow_copies``, those holding a copy that pays). Returns linears rewritten.
+
+    ``sequences``: the rows a linear after the last-position selection sees (the head: one per sequence,
+    where the step's other linears see one per token; a prompt program's 1). None: ``rows``."""
+    after_last = _after_last_positions(gm)
+    mine = {True: [], False: []}
+    for node in gm.graph.nodes:
+        lin = linear_of(gm, node)
+        if lin is not None:
+            mine[node in after_last].append(lin)
+    if not mine[True] and not mine[False]:
         return 0
-    chosen = choose_forms(lins, rows, timer, allow_copies=allow_copies)
-    return rewrite_all(gm, lambda lin: FORMS[chosen[shape_class(lin)]])
+    head_rows = rows if sequences is None else sequences
+    chosen = {flag: choose_forms(lins, head_rows if flag else rows, timer, allow_copies=allow_copies)
+              for flag, lins in mine.items() if lins}
+    by_module = {id(lin): chosen[flag][shape_class(lin)] for flag, lins in mine.items() for lin in lins}
+    return rewrite_all(gm, lambda lin: FORMS[by_module[id(lin)]])
 
 
-def measured_linears_allowing_copies(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form) -> int:
+def _after_last_positions(gm: fx.GraphModule) -> set:
+    """The nodes computed from a ``last_positions`` selection (``fuelpipe.step``): they see sequences, not tokens."""
+    from fuelpipe.step import last_positions
+
+    seen: set = set()
+    todo = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is last_positions]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return seen
+
+
+def measured_linears_allowing_copies(gm: fx.GraphModule, rows: int = 1, timer: Timer = time_form,
+                                     sequences: Optional[int] = None) -> int:
     """``measured_linears`` where forms holding a copy of a weight (panels, split, transposed) compete too."""
-    return measured_linears(gm, rows, timer, allow_copies=True)
+    return measured_linears(gm, rows, timer, allow_copies=True, sequences=sequences)

@@ -8,9 +8,12 @@ panel kernel, about 2x faster), with fused siblings, so the first token is no
 longer bound by eager PyTorch.
 
 One program per step kind serves every prompt length: the traced graph is
-shape-generic (nothing in it depends on T), and the panel kernel takes any
-row count. The program is not compiled by inductor even on the inductor
-backend, whose compiled programs are specialised to a shape.
+shape-generic (nothing in it depends on T), and the linear kernels take any
+row count. With ``backend.compile_prompt`` (inductor) the graph is compiled
+too, with dynamic shapes, on its first call: one compile for every prompt
+length (measured on SmolLM2, 2 threads: a 16-token prompt 68 ms against 89
+for the traced graph; the compile took ~2 minutes cold). Its first call's
+seconds count as the program's build.
 
 Validity follows the decode plan's rules: a program is reused only while its
 key matches (the step kind, the model's structure, its weights' identity and
@@ -42,6 +45,22 @@ class PrefillProgram:
     build_s: float
 
 
+class _CompiledOnFirstCall:
+    """A compiled prompt program; its first call (the compile) is timed into the owner's build seconds."""
+
+    def __init__(self, compiled: Callable, owner: "PrefillPlans") -> None:
+        self.compiled, self.owner, self.first = compiled, owner, True
+
+    def __call__(self, *args):
+        if not self.first:
+            return self.compiled(*args)
+        t0 = time.perf_counter()
+        out = self.compiled(*args)
+        self.first = False
+        self.owner.build_s += time.perf_counter() - t0
+        return out
+
+
 class PrefillPlans:
     """Per step kind, the held prompt program of one context (``InferenceContext.prefill`` runs it)."""
 
@@ -64,13 +83,16 @@ class PrefillPlans:
         if held is not None and held.key == key:
             return held.fn
         t0 = time.perf_counter()
-        passes = passes_for_rows(self.spec.fx_passes, PREFILL_ROWS)
-        gm, _ = trace_step(make_step(), passes, PREFILL_ROWS)
+        # A prompt's attention is many queries against many keys: SDPA's blocked form, not the per-key kernel.
+        passes = tuple(p for p in passes_for_rows(self.spec.fx_passes, PREFILL_ROWS) if p != "slot_attention_kernel")
+        gm, _ = trace_step(make_step(), passes, PREFILL_ROWS, sequences=1)  # the head sees the last position
+        compiler = BACKENDS.get(self.spec.name).prompt_compiler
+        fn = _CompiledOnFirstCall(compiler(gm), self) if self.spec.compile_prompt and compiler else gm
         took = time.perf_counter() - t0
-        self.programs[kind] = PrefillProgram(key, gm, pin_weights(model), took)
+        self.programs[kind] = PrefillProgram(key, fn, pin_weights(model), took)
         self.builds += 1
         self.build_s += took
-        return gm
+        return fn
 
     def drop(self) -> None:
         self.programs.clear()

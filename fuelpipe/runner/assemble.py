@@ -82,6 +82,7 @@ def setup_from(cfg: DictConfig) -> Setup:
         fx_passes=tuple(cfg.backend.fx_passes),
         cache_policy=cfg.plan.cache_policy.value,
         plan_cache=PlanCacheSpec(dir=cfg.backend.plan_cache.dir, max_gb=float(cfg.backend.plan_cache.max_gb)),
+        compile_prompt=bool(cfg.backend.compile_prompt),
     )
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
     kv = KvSpec(layout=cfg.kv.layout.value, block_size=cfg.kv.block_size or 16, num_blocks=cfg.kv.num_blocks)

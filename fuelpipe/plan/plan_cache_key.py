@@ -42,7 +42,8 @@ FORMAT = "fuelpipe-plan-cache/1"
 # Source files whose code shapes what a plan compiles beyond the traced graph: the passes
 # and the kernels they call. An edit to any of them changes every key.
 _RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelpipe.plan.derived_weights",
-                   "fuelpipe.plan.aot_program", "fuelpipe.kv.slot_attention")
+                   "fuelpipe.plan.aot_program", "fuelpipe.kv.slot_attention", "fuelpipe.plan.linear_forms",
+                   "fuelpipe.plan.rows_linear")
 
 
 @dataclass(frozen=True)

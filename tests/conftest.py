@@ -96,3 +96,11 @@ def default_or_slow(cases, keep, ids=None):
         marks = () if case in keep else (pytest.mark.slow,)
         out.append(pytest.param(*case, marks=marks, id=None if ids is None else ids[i]))
     return out
+
+
+@pytest.fixture
+def threads():
+    """torch.set_num_threads for the test; the thread count before it is restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

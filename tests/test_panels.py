@@ -25,13 +25,6 @@ from models.registry import build_random_model
 SHAPES = [(33, 7), (16, 1), (64, 64), (4099, 48), (576, 576)]
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_packing_round_trips_and_pads_with_zeros(n, k):
     w = torch.randn(n, k)

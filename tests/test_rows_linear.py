@@ -30,13 +30,6 @@ pytestmark = pytest.mark.skipif(kernels_available() is not None, reason=f"kernel
 SHAPES = [(33, 7), (16, 1), (64, 64), (4099, 48), (576, 576), (13, 29)]
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 13])
 def test_the_kernel_computes_the_linear(n, k, rows):

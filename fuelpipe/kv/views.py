@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fuelpipe.kv.slot_attention import slot_attention
 from fuelpipe.masks import live_slots_as, without_masked_slots
 
 
@@ -59,8 +60,6 @@ class _AttendsInPlace(_Visible):
 
         One traced ``slot_attention`` call over the written buffers (the sequence is slot 0); under the
         UNSAFE_MASKED_SLOTS fault the masked copy is skipped and its garbage reaches SDPA."""
-        from fuelpipe.kv.slot_attention import slot_attention
-
         if self.keep_masked_garbage:
             keys, values, mask = self.write_and_read(k, v, mask)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)

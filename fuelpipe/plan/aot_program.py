@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fuelpipe.errors import PlanError
+from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.plan_cache_key import content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
 from fuelpipe.step import SYMBOLIC_KINDS
@@ -85,11 +86,9 @@ class CachedAotStep:
         return self._run(*args)
 
     def _realize(self, args: tuple) -> Callable:
-        import torch.fx as fx
-
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
         t0 = time.perf_counter()
-        raw = fx.symbolic_trace(self.step)
+        raw = trace_leaves_unregistered(self.step)
         key = content_key(raw, args, step_kind=self.step_kind, backend="inductor", fx_passes=self.passes,
                           key_weights=self.spec_cache.key_weights)
         fields, digest = key.fields(), key.digest()

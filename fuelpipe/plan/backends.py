@@ -24,6 +24,7 @@ from torch import nn
 
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.registry import Registry, did_you_mean
@@ -116,7 +117,7 @@ def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1,
 
     ``rows``: how many rows each linear sees per call, for the passes that take it; ``sequences``: how
     many sequences the step serves (the head's rows; a prompt program's 1), where it differs."""
-    gm = fx.symbolic_trace(step)
+    gm = trace_leaves_unregistered(step)
     applied = {}
     for name in passes:
         fx_pass = FX_PASSES.get(name)

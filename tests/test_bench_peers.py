@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_cli
 from fuelpipe.runner.job import run_job
@@ -11,7 +12,7 @@ from fuelpipe.bench.peers import trace as trace_mod
 from fuelpipe.bench.peers.experiment import best_fuelpipe
 from fuelpipe.bench.peers.floor import Bandwidth, decode_floor, kv_bytes_read, weight_bytes_per_token
 from fuelpipe.bench.peers.run import SystemRecord, add_ratios, compare, summarize
-from fuelpipe.bench.peers.systems import PeerSystem
+from fuelpipe.bench.peers.systems import FuelpipeSystem, PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace, TokenClock
 from models.registry import build_random_model
 
@@ -169,10 +170,16 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
     assert once["replan_over_plan_once"] > 0 and once["plan_build_ms"] > 0
     assert once["warmup_run_s"] > 0 and len(once["rep_medians_ms"]) == 1
     assert rows["fuelpipe fx replan contiguous"]["new_tokens"] == 3
+    for layout in ("contiguous", "paged"):  # the untimed bit check: prompt row + the replan row's 2 decode steps
+        assert rows[f"fuelpipe fx plan_once {layout}"]["plan_once_vs_replan"] == {
+            "steps": 3, "bit_identical": True, "rows_differing": 0, "max_abs_diff": 0.0}
+    assert rows["fuelpipe eager plan_once paged"]["plan_once_vs_replan"]["steps"] == 4
+    assert "plan_once_vs_replan" not in rows["fuelpipe fx plan_once contiguous int8/g32/a16"]  # no replan twin
     assert rows["transformers dynamic"]["status"].startswith("needs the checkpoint as a GGUF file")
     for d in (tmp_path / "run", rec):
         assert (d / "peers.png").stat().st_size > 0
         assert "| fuelpipe fx plan_once contiguous |" in (d / "peers.md").read_text()
+        assert "| yes (3 rows) |" in (d / "peers.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -209,3 +216,23 @@ def test_real_smollm2_fuelpipe_matches_transformers_tokens(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["system"]: r for r in json.loads(Path(tmp_path / "results.json").read_text())["peers"]["rows"]}
     assert rows["fuelpipe fx plan_once contiguous"]["tokens_match_reference"] is True
+
+
+def test_plan_bits_sees_a_replan_row_that_computes_something_else():
+    """Negative control for the table's ``= replan bits``: a twin on other weights differs, and says where."""
+    from fuelpipe.bench.peers.plan_bits import compare_plan_once_to_replan
+    from fuelpipe.kv.spec import KvSpec
+    from fuelpipe.plan.backends import BackendSpec
+
+    model = build_random_model("llama", "tiny", seed=3)
+    other = build_random_model("llama", "tiny", seed=3)
+    with torch.no_grad():
+        other.layers[1].mlp.down_proj.weight[0, 0] += 1e-3  # one weight, one layer
+    kv = KvSpec(layout="contiguous", block_size=16)
+    once = FuelpipeSystem(model, BackendSpec(name="fx"), "plan_once", kv)
+    same = compare_plan_once_to_replan(once, FuelpipeSystem(model, BackendSpec(name="fx"), "replan", kv),
+                                       [3, 17, 42, 7], 3)
+    assert same == {"steps": 4, "bit_identical": True, "rows_differing": 0, "max_abs_diff": 0.0}
+    wrong = compare_plan_once_to_replan(once, FuelpipeSystem(other, BackendSpec(name="fx"), "replan", kv),
+                                        [3, 17, 42, 7], 3)
+    assert not wrong["bit_identical"] and wrong["rows_differing"] == 4 and wrong["max_abs_diff"] > 0

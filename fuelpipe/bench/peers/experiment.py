@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from fuelpipe.bench.peers.isolated import IsolatedSystem
 from fuelpipe.bench.peers.floor import decode_floor, measure_in_subprocess
+from fuelpipe.bench.peers.plan_bits import plan_bits
 from fuelpipe.bench.peers.report import bar_chart, markdown
 from fuelpipe.bench.peers.run import add_ratios, run_systems, summarize
 from fuelpipe.bench.peers.systems import FuelpipeSystem, LlamaCppSystem, PeerSystem, TransformersSystem
@@ -171,6 +172,12 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
     peers = [s.name for s in systems if s.group != "fuelpipe" and not s.missing]
     add_ratios(rows, peers)
     _replan_ratios(rows)
+    # untimed, after every timed run: each plan_once row against its replan twin, bit for bit
+    bits = plan_bits(systems, prompt,
+                     lambda backend: max(1, min(p.new_tokens, p.replan_new_tokens.get(backend, p.new_tokens)) - 1))
+    for r in rows:
+        if r["system"] in bits:
+            r["plan_once_vs_replan"] = bits[r["system"]]
     doc = {
         "model": cfg.model.size,
         "dtype": cfg.model.dtype.value,

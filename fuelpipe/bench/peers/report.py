@@ -8,6 +8,14 @@ def _f(x, fmt="{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _bits(c) -> str:
+    if not c:
+        return "-"
+    if c["bit_identical"]:
+        return f"yes ({c['steps']} rows)"
+    return f"no ({c['rows_differing']}/{c['steps']} rows, max {c['max_abs_diff']:.2g})"
+
+
 def markdown(doc: dict) -> str:
     rows, floor, env = doc["rows"], doc["floor"], doc["env"]
     peers = doc["peers"]
@@ -32,6 +40,8 @@ def markdown(doc: dict) -> str:
         "arithmetic. first token is prompt + first sample, warm; `warm-up s` is the whole first generation "
         "(plan build / compile included), `build ms` one fuelpipe plan build. "
         "`vs X` is X's ms/token over the row's (above 1: the row is faster). "
+        "`= replan bits`: after the timed runs, the plan_once row and its replan twin prefill the prompt and "
+        "decode the same forced tokens (the replan row's count), every logit row compared bit for bit. "
         "`tokens = ref` compares greedy ids with " + (doc["reference"] or "no reference") + " ([n tokens] when a "
         "replan row generated fewer). The fuelpipe rows share this process (peak RSS "
         f"{env.get('peak_rss_mb', 0):.0f} MB; `RSS growth` is its growth over a row's setup and warm-up, so another "
@@ -44,7 +54,7 @@ def markdown(doc: dict) -> str:
         "",
     ]
     head = ["system", "weights", "ms/token", "p10-p90", "reps", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
-    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "tokens = ref", "RSS growth MB",
+    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "= replan bits", "tokens = ref", "RSS growth MB",
              "peak RSS MB load / build / decode"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -65,7 +75,7 @@ def markdown(doc: dict) -> str:
         cells += [_f(vs.get(p), "{:.2f}") for p in peers]
         cells += [
             _f(r["first_token_ms"]), _f(r["warmup_run_s"]), _f(r.get("plan_build_ms")),
-            _f(r.get("replan_over_plan_once"), "{:.1f}x"), match_s, _f(r["footprint_mb"], "{:.0f}"),
+            _f(r.get("replan_over_plan_once"), "{:.1f}x"), _bits(r.get("plan_once_vs_replan")), match_s, _f(r["footprint_mb"], "{:.0f}"),
             " / ".join(_f((r.get("peak_rss_mb") or {}).get(k), "{:.0f}") for k in ("load", "build", "decode")),
         ]
         lines.append("| " + " | ".join(cells) + " |")

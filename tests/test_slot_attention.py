@@ -180,3 +180,27 @@ def test_masked_poison_reaches_logits_only_under_the_unsafe_fault(fault):
         assert kernel_nodes and torch.isfinite(logits).all()
     else:
         assert not kernel_nodes and torch.isnan(logits).all(-1).any()
+
+
+@pytest.mark.parametrize("fam,offset", [("llama", "tensor"), ("gemma3", "symbol")])
+def test_one_sequence_plans_run_the_kernel_and_match_the_readable_form(fam, offset):
+    """One-sequence decode too: the default passes find the view's ``slot_attention`` leaf in the traced step
+    (a view that bound the function at import would inline the readable form, and the pass would find
+    nothing), and the logits match a plan without the pass."""
+    model = tiny(fam)
+    without = tuple(p for p in DEFAULT_PASSES if p != "slot_attention_kernel")
+    runs = {}
+    for name, passes in (("kernel", DEFAULT_PASSES), ("readable", without)):
+        ctx = InferenceContext(model, BackendSpec("fx", fx_passes=passes), "plan_once", offset_mode=offset)
+        cache = ctx.new_cache(WIDTH + 8)
+        out = [ctx.prefill(cache, [3, 4, 5, 6])[0]]
+        for _ in range(WIDTH):  # crosses gemma3's sliding window
+            out.append(ctx.decode(cache, int(out[-1].argmax()))[0])
+        runs[name] = (torch.stack(out), ctx.plan.session.program)
+    kernel_logits, kernel_program = runs["kernel"]
+    readable_logits, readable_program = runs["readable"]
+    targets = {n.target for n in kernel_program.fn.graph.nodes if n.op == "call_function"}
+    assert sa.fast_slot_attention in targets and sa.slot_attention not in targets
+    assert kernel_program.passes_applied["slot_attention_kernel"] == model.dims.n_layers
+    assert sa.slot_attention in {n.target for n in readable_program.fn.graph.nodes if n.op == "call_function"}
+    torch.testing.assert_close(kernel_logits, readable_logits, rtol=1e-5, atol=1e-5)

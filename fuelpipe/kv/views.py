@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fuelpipe.kv.slot_attention import slot_attention
+from fuelpipe.kv import slot_attention as _attention  # called through the module: fx patches its leaf there
 from fuelpipe.masks import live_slots_as, without_masked_slots
 
 
@@ -64,7 +64,7 @@ class _AttendsInPlace(_Visible):
             keys, values, mask = self.write_and_read(k, v, mask)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
         k_buf, v_buf, mask = self._written(k, v, mask)
-        return slot_attention(q, k_buf, v_buf, mask.new_zeros(1, dtype=torch.int64), mask, scale)
+        return _attention.slot_attention(q, k_buf, v_buf, mask.new_zeros(1, dtype=torch.int64), mask, scale)
 
 
 class TensorOffsetKv(_AttendsInPlace):

@@ -45,7 +45,7 @@ def test_the_leaf_stays_one_node_and_the_code_registers_nothing():
 
 
 def _eager(gm: fx.GraphModule, h: torch.Tensor) -> torch.Tensor:
-    return gm.head(((gm.q(h) + gm.k(h)))[:, -1:, :])
+    return gm.head((gm.q(h) + gm.k(h))[:, -1:, :])
 
 
 def test_building_plans_does_not_grow_fx_patch_table():

@@ -24,5 +24,4 @@ def trace_leaves_unregistered(step: nn.Module) -> fx.GraphModule:
     graph = tracer.trace(step)
     for node in graph.nodes:
         node.meta.pop("is_wrapped", None)
-    name = step.__class__.__name__ if isinstance(step, nn.Module) else step.__name__
-    return fx.GraphModule(tracer.root, graph, name)
+    return fx.GraphModule(tracer.root, graph, step.__class__.__name__)

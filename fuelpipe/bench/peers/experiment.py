@@ -172,9 +172,12 @@ def run_peers(cfg: DictConfig, asm, on_progress: Optional[Callable[[str], None]]
     peers = [s.name for s in systems if s.group != "fuelpipe" and not s.missing]
     add_ratios(rows, peers)
     _replan_ratios(rows)
-    # untimed, after every timed run: each plan_once row against its replan twin, bit for bit
-    bits = plan_bits(systems, prompt,
-                     lambda backend: max(1, min(p.new_tokens, p.replan_new_tokens.get(backend, p.new_tokens)) - 1))
+    # untimed, after every timed run: each plan_once row against its replan twin, bit for bit, over the
+    # decode steps the replan row itself ran (its first new token comes from the prompt)
+    def replan_steps(backend: str) -> int:
+        return max(1, min(p.new_tokens, p.replan_new_tokens.get(backend, p.new_tokens)) - 1)
+
+    bits = plan_bits(systems, prompt, replan_steps)
     for r in rows:
         if r["system"] in bits:
             r["plan_once_vs_replan"] = bits[r["system"]]

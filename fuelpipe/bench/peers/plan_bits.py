@@ -7,16 +7,21 @@ runs, and every logit row (the prompt's last, then each decode step's) is compar
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from fuelpipe.bench.peers.systems import FuelpipeSystem
 
 
-def logit_rows(system: FuelpipeSystem, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
-    """[vocab] f32 per step: prefill ``prompt``, then decode each of ``tokens``, on a new allocation."""
-    cache = system.kv.new_cache(system.ctx, len(prompt) + len(tokens))
+def logit_rows(system: FuelpipeSystem, prompt: list[int], steps: int,
+               tokens: Optional[list[int]] = None) -> list[torch.Tensor]:
+    """[vocab] f32 per row, on a new allocation: prefill ``prompt``, then ``steps`` decode steps feeding
+    ``tokens`` (greedy from the previous row when None)."""
+    cache = system.kv.new_cache(system.ctx, len(prompt) + steps)
     out = [system.ctx.prefill(cache, prompt)[0].clone()]
-    for tok in tokens:
+    for i in range(steps):
+        tok = tokens[i] if tokens is not None else int(torch.argmax(out[-1]))
         out.append(system.ctx.decode(cache, tok)[0].clone())
     return out
 
@@ -24,13 +29,8 @@ def logit_rows(system: FuelpipeSystem, prompt: list[int], tokens: list[int]) -> 
 def compare_plan_once_to_replan(once: FuelpipeSystem, replan: FuelpipeSystem, prompt: list[int],
                                 steps: int) -> dict:
     """Greedy ``steps`` decode steps on ``once``; the same forced tokens on ``replan``; logits compared."""
-    tokens: list[int] = []
-    cache = once.kv.new_cache(once.ctx, len(prompt) + steps)
-    a = [once.ctx.prefill(cache, prompt)[0].clone()]
-    for _ in range(steps):
-        tokens.append(int(torch.argmax(a[-1])))
-        a.append(once.ctx.decode(cache, tokens[-1])[0].clone())
-    b = logit_rows(replan, prompt, tokens)
+    a = logit_rows(once, prompt, steps)
+    b = logit_rows(replan, prompt, steps, [int(torch.argmax(row)) for row in a[:-1]])
     equal = [torch.equal(x, y) for x, y in zip(a, b)]
     worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
     return {"steps": len(a), "bit_identical": all(equal), "rows_differing": equal.count(False),

@@ -9,6 +9,7 @@ def _f(x, fmt="{:.1f}") -> str:
 
 
 def _bits(c) -> str:
+    """The ``= replan bits`` cell from a row's ``plan_once_vs_replan`` comparison (None: no replan twin)."""
     if not c:
         return "-"
     if c["bit_identical"]:
@@ -54,8 +55,8 @@ def markdown(doc: dict) -> str:
         "",
     ]
     head = ["system", "weights", "ms/token", "p10-p90", "reps", "tok/s", "GB/s", "x floor"] + [f"vs {p}" for p in peers]
-    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "= replan bits", "tokens = ref", "RSS growth MB",
-             "peak RSS MB load / build / decode"]
+    head += ["first token ms", "warm-up s", "build ms", "replan/plan_once", "= replan bits", "tokens = ref",
+             "RSS growth MB", "peak RSS MB load / build / decode"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows:
@@ -75,7 +76,8 @@ def markdown(doc: dict) -> str:
         cells += [_f(vs.get(p), "{:.2f}") for p in peers]
         cells += [
             _f(r["first_token_ms"]), _f(r["warmup_run_s"]), _f(r.get("plan_build_ms")),
-            _f(r.get("replan_over_plan_once"), "{:.1f}x"), _bits(r.get("plan_once_vs_replan")), match_s, _f(r["footprint_mb"], "{:.0f}"),
+            _f(r.get("replan_over_plan_once"), "{:.1f}x"), _bits(r.get("plan_once_vs_replan")), match_s,
+            _f(r["footprint_mb"], "{:.0f}"),
             " / ".join(_f((r.get("peak_rss_mb") or {}).get(k), "{:.0f}") for k in ("load", "build", "decode")),
         ]
         lines.append("| " + " | ".join(cells) + " |")

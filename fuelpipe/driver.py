@@ -114,6 +114,8 @@ def build_session(
     passes = passes_for_rows(spec.fx_passes, host.batch)  # a batch step's linears are GEMMs
     # a fault's faulty pass, if any; the rows each linear sees (measured passes choose by them)
     spec = dataclasses.replace(spec, fx_passes=passes_under(fault, passes), rows=host.batch)
+    if fault is Fault.AOT_CONSTANTS_MISBOUND:
+        spec = dataclasses.replace(spec, misbind_constants=True)
     if fault is Fault.PLAN_CACHE_IGNORES_WEIGHTS:
         spec = dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
     step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)

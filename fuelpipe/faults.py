@@ -38,3 +38,7 @@ class Fault(enum.Enum):
     PLAN_CACHE_IGNORES_WEIGHTS = "plan_cache_ignores_weights"
     # Every packed low-bit matrix dequantizes with twice its scale (a dequantizer reading the wrong scale)
     QUANT_WRONG_SCALE = "quant_wrong_scale"
+    # backend=aot binds the package's weights by name; this binds each to another constant of the same shape
+    # (a rotation among them: layer i runs on layer i+1's matrix), the class of a name mismatch between the
+    # exported program and the package
+    AOT_CONSTANTS_MISBOUND = "aot_constants_misbound"

@@ -23,6 +23,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.oracles.base import Setup
+from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.sampling import greedy
 
 MB = 1024 * 1024
@@ -55,7 +56,7 @@ class Arm:
 
 
 def unused_plan_cache(backend: str) -> str:
-    return f"backend={backend} compiles nothing to store; only backend=inductor uses backend.plan_cache"
+    return f"backend={backend} compiles nothing to store; only backend=inductor and backend=aot use backend.plan_cache"
 
 
 def _plan_cache_record(setup: Setup, summary: dict) -> Optional[dict]:
@@ -63,7 +64,7 @@ def _plan_cache_record(setup: Setup, summary: dict) -> Optional[dict]:
     pc = setup.backend.plan_cache
     if not pc.enabled:
         return None
-    if setup.backend.name != "inductor":
+    if not BACKENDS.get(setup.backend.name).stores_plans:
         return {"dir": pc.dir, "unused": unused_plan_cache(setup.backend.name)}
     return {"dir": pc.dir, "hits": summary["plan_cache_hits"], "misses": summary["plan_cache_misses"],
             "statuses": summary["plan_cache_statuses"], "detail": summary["plan_cache_detail"],

@@ -32,6 +32,7 @@ def validate(cfg: DictConfig) -> list[str]:
     reasons += _backend(cfg.backend)
     reasons += _plan(cfg.plan)
     reasons += _plan_cache(cfg)
+    reasons += _ahead_of_time(cfg)
     reasons += _batch(cfg.batch)
     reasons += _experiment(cfg.experiment, cfg.model.dtype.value, model_cfg)
     gen = cfg.experiment.generate
@@ -220,7 +221,7 @@ def _plan_cache(cfg: DictConfig) -> list[str]:
         reasons.append(f"backend.plan_cache.max_gb must be > 0, got {pc.max_gb}")
     if pc.dir is not None and not str(pc.dir).strip():
         reasons.append("backend.plan_cache.dir is an empty string; use null to switch the plan cache off, or a folder")
-    if pc.dir is None or not str(pc.dir).strip() or cfg.backend.name != "inductor":
+    if pc.dir is None or not str(pc.dir).strip() or not getattr(_backend_entry(cfg), "stores_plans", False):
         return reasons  # off, or a backend that compiles nothing to keep (the run warns and says so)
     import os
 
@@ -230,14 +231,36 @@ def _plan_cache(cfg: DictConfig) -> list[str]:
         reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is a file, not a folder")
     elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is not writable")
-    offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
-    if offset is None and cfg.model.family in families():
-        offset = getattr(families()[cfg.model.family].model_cls, "offset_mode", None)
-    if offset == "symbol":
+    offset = _offset_path(cfg)
+    if offset == "symbol" and not getattr(_backend_entry(cfg), "ahead_of_time", False):  # (an AOT backend says it once, below)
         reasons.append(f"backend.plan_cache needs per-token data as tensors, but the offset path is 'symbol' "
                        f"(model.family={cfg.model.family}, plan.offset_mode={offset}): host integers would be "
                        "stored as constants; set plan.offset_mode=tensor")
     return reasons
+
+
+def _backend_entry(cfg: DictConfig):
+    """The run's registered backend (None when the name is unknown: ``_backend`` reports that)."""
+    from fuelpipe.plan.backends import BACKENDS
+
+    return BACKENDS.get(cfg.backend.name) if cfg.backend.name in BACKENDS else None
+
+
+def _offset_path(cfg: DictConfig) -> Optional[str]:
+    """The run's offset path: plan.offset_mode, else the family's own (None: unknown family)."""
+    offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
+    if offset is None and cfg.model.family in families():
+        offset = getattr(families()[cfg.model.family].model_cls, "offset_mode", None)
+    return offset
+
+
+def _ahead_of_time(cfg: DictConfig) -> list[str]:
+    """A backend compiled ahead of time takes per-token data as tensors only."""
+    if not getattr(_backend_entry(cfg), "ahead_of_time", False) or _offset_path(cfg) != "symbol":
+        return []
+    return [f"backend={cfg.backend.name} compiles the step ahead of time, so per-token data must be tensors, but "
+            f"the offset path is 'symbol' (model.family={cfg.model.family}, plan.offset_mode=symbol): host "
+            "integers would be compiled in as constants; set plan.offset_mode=tensor"]
 
 
 def batch_spec(b: DictConfig):

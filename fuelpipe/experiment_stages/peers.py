@@ -25,8 +25,8 @@ class PeersConfig:
     backends: List[str] = field(default_factory=lambda: ["eager", "fx", "inductor"])
     plans: List[str] = field(default_factory=lambda: ["plan_once", "replan"])
     kv_layouts: List[str] = field(default_factory=lambda: ["contiguous", "paged"])
-    # New tokens a replan row generates (it builds a program per token; inductor compiles per token).
-    replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3})
+    # New tokens a replan row generates (it builds a program per token; inductor and aot compile per token).
+    replan_new_tokens: Dict[str, int] = field(default_factory=lambda: {"eager": 64, "fx": 16, "inductor": 3, "aot": 3})
     transformers: List[str] = field(default_factory=lambda: ["dynamic", "static", "static_compile"])
     llama_cpp: bool = True  # reported as "not installed" when llama-cpp-python is absent
     # Run every transformers and llama.cpp row in its own worker process: a peer that crashes (a signal in

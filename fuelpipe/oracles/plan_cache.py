@@ -35,6 +35,7 @@ import torch
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, skipped
 from fuelpipe.oracles.checks import Check
+from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.plan.plan_store import PAYLOAD, PlanStore
 from fuelpipe.sampling import greedy
 
@@ -81,8 +82,8 @@ def _flip_a_byte(store: PlanStore, digest: str) -> None:
 
 def run(inp: OracleInput) -> OracleResult:
     pc = inp.setup.backend.plan_cache
-    if inp.setup.backend.name != "inductor" or not pc.enabled:
-        return skipped(NAME, "no persistent plan cache in use (backend=inductor backend.plan_cache.dir=<folder>)")
+    if not BACKENDS.get(inp.setup.backend.name).stores_plans or not pc.enabled:
+        return skipped(NAME, "no persistent plan cache in use (backend=inductor or aot, backend.plan_cache.dir=<folder>)")
     private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
     try:
         own = dataclasses.replace(pc, dir=private, max_gb=1e6)

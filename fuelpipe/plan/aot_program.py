@@ -121,12 +121,70 @@ class CachedAotStep:
         return run
 
 
-def _compile(gm, args: tuple, out: Path) -> None:
-    """Export ``gm`` at ``args``'s shapes and compile it into an AOTInductor package at ``out``."""
+@dataclass
+class AotStep:
+    """The program ``fn`` of ``backend=aot``: the step compiled ahead of time on its first call and held.
+
+    The package is compiled without its weights (``aot_inductor.package_constants_in_so=False``) and
+    bound to the very tensors the traced graph holds (the model's parameters and the plan's derived
+    copies) by reference (``load_constants(user_managed=True)``): nothing is copied, so a plan's weights
+    exist once, and the package file is small and deleted once loaded. Each token is then one call into
+    the compiled library: no Dynamo guard, no Python between operators.
+    """
+
+    step: nn.Module
+    trace: Callable  # (step, passes) -> (GraphModule, applied passes): fuelpipe.plan.backends.trace_step
+    passes: tuple[str, ...]
+    misbind: bool = False  # negative control only (Fault.AOT_CONSTANTS_MISBOUND)
+    event: PlanCacheEvent = field(default_factory=lambda: PlanCacheEvent(status="private"))
+    passes_applied: dict = field(default_factory=dict)
+    _run: Optional[Callable] = None
+
+    def __call__(self, *args):
+        if self._run is None:
+            self._run = self._realize(args)
+        return self._run(*args)
+
+    def _realize(self, args: tuple) -> Callable:
+        import tempfile
+
+        t0 = time.perf_counter()
+        gm, applied = self.trace(self.step, self.passes)
+        self.passes_applied.update(applied)
+        with tempfile.TemporaryDirectory(prefix="fuelpipe-aot-") as tmp:
+            out = Path(tmp) / "plan.pt2"
+            constants = _compile(gm, args, out, weights_in_package=False)
+            t1 = time.perf_counter()
+            run = _load(out)
+            self.event.entry_bytes = out.stat().st_size
+        run.bind_constants(_misbound(constants) if self.misbind else constants)
+        self.event.compile_s, self.event.load_s = t1 - t0, time.perf_counter() - t1
+        return run
+
+
+def _misbound(constants: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The negative control's binding: each constant's name given the next same-shape constant's tensor."""
+    by_shape: dict[tuple, list[str]] = {}
+    for name, t in constants.items():
+        by_shape.setdefault((tuple(t.shape), t.dtype), []).append(name)
+    out = dict(constants)
+    for names in by_shape.values():
+        for i, name in enumerate(names):
+            out[name] = constants[names[(i + 1) % len(names)]]
+    return out
+
+
+def _compile(gm, args: tuple, out: Path, weights_in_package: bool = True) -> dict[str, torch.Tensor]:
+    """Export ``gm`` at ``args``'s shapes and compile it into an AOTInductor package at ``out``.
+
+    Returns the exported program's constants by name (parameters, buffers, tensor constants): the
+    tensors a package compiled without its weights must be bound to."""
     exported = torch.export.export(gm, tuple(args), strict=False)
-    torch._inductor.aoti_compile_and_package(exported, package_path=str(out))
+    options = None if weights_in_package else {"aot_inductor.package_constants_in_so": False}
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=options)
     if not out.is_file():
         raise PlanError(f"AOTInductor wrote no package at {out}")
+    return {**exported.state_dict, **exported.constants}
 
 
 def _load(path: Path) -> Callable:
@@ -182,6 +240,19 @@ class AotCall:
                 return self.compiled(*args)
             self._checked.add(len(flat))
         return self._unflatten(self._boxed_run(flat), self._out_spec)
+
+    def bind_constants(self, constants: dict[str, torch.Tensor]) -> None:
+        """Point a package compiled without its weights at ``constants`` (by name), without copying.
+
+        Every name the package needs must be given (a missing one is a ``PlanError`` naming it); the
+        tensors are not copied, so they must outlive the package: the plan holding both keeps them."""
+        needed = list(self.compiled.get_constant_fqns())
+        missing = [name for name in needed if name not in constants]
+        if missing:
+            raise PlanError(f"AOT package needs constants the exported step does not hold: {missing[:5]}"
+                            f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(needed)})")
+        self._constants = {name: constants[name] for name in needed}  # held: the package reads them in place
+        self.compiled.load_constants(self._constants, check_full_update=True, user_managed=True)
 
     def __getattr__(self, name):  # get_metadata, load_constants, ...: the package's own
         return getattr(self.compiled, name)

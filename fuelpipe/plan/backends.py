@@ -53,6 +53,8 @@ class BackendSpec:
     # Compile the prompt program with the backend's compiler too (a backend with a ``prompt_compiler``:
     # inductor), shape-generic, on its first call. Off: the prompt program runs as the traced graph.
     compile_prompt: bool = False
+    # Negative control only (Fault.AOT_CONSTANTS_MISBOUND): backend=aot binds each weight to another of its shape.
+    misbind_constants: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -143,6 +145,11 @@ class BackendEntry:
     traces: bool = True
     # gm -> a callable compiled for every prompt length (``backend.compile_prompt``); None: not offered
     prompt_compiler: Optional[Callable[[fx.GraphModule], Callable]] = None
+    # Keeps compiled plans in ``backend.plan_cache.dir`` when one is set (AOTInductor packages).
+    stores_plans: bool = False
+    # Compiles the step ahead of time, so per-token data must all be tensors: the ``symbol`` offset
+    # path (host integers) is refused by the config.
+    ahead_of_time: bool = False
 
 
 def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
@@ -182,11 +189,36 @@ def _build_inductor_cached(spec: BackendSpec, step: nn.Module, step_kind: str) -
                        compiles_on_first_call=True, cache_event=fn.event)
 
 
+def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
+    """The step compiled ahead of time by AOTInductor (``torch.export``, then a C++ library) and called
+    with no Python between operators; its weights are the model's own tensors, bound by reference.
+
+    With ``backend.plan_cache.dir`` the package is the stored one (weights inside, keyed by their digest),
+    exactly as ``backend=inductor`` stores it. A step kind passing host integers (the ``symbol`` offset
+    path) cannot be compiled ahead of time: the config refuses it, and an oracle's own symbol-path
+    variant compiles with torch.compile instead, its build saying so (cache event ``uncacheable``)."""
+    from fuelpipe.plan.aot_program import AotStep, PlanCacheEvent, cacheable
+
+    if not cacheable(step_kind):
+        return _build_inductor_cached(spec, step, step_kind)  # backend "inductor", event "uncacheable"
+    if spec.plan_cache.enabled:
+        return dataclasses.replace(_build_inductor_cached(spec, step, step_kind), backend="aot")
+    fn = AotStep(step, functools.partial(trace_step, rows=spec.rows), tuple(spec.fx_passes),
+                 misbind=spec.misbind_constants)
+    return StepProgram("aot", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
+                       compiles_on_first_call=True, cache_event=fn.event)
+
+
+def _compile_prompt(gm: fx.GraphModule) -> Callable:
+    return torch.compile(gm, fullgraph=True, dynamic=True)
+
+
 BUILTIN_BACKENDS = (
     BackendEntry("eager", _build_eager, traces=False),
     BackendEntry("fx", _build_fx),
-    BackendEntry("inductor", _build_inductor,
-                 prompt_compiler=lambda gm: torch.compile(gm, fullgraph=True, dynamic=True)),
+    BackendEntry("inductor", _build_inductor, prompt_compiler=_compile_prompt, stores_plans=True),
+    # the prompt program (a new length every call) stays torch.compile'd: only the held step is AOT
+    BackendEntry("aot", _build_aot, prompt_compiler=_compile_prompt, stores_plans=True, ahead_of_time=True),
 )
 BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", BackendEntry)
 

@@ -13,6 +13,7 @@ from fuelpipe.config.validate import resolve_device, validate
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
 from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
+from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.allocator import return_large_frees_to_os
 from fuelpipe.bench.rss import PhasePeaks
@@ -81,7 +82,7 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     exp = cfg.experiment
     if asm.model_record.get("family_mismatch"):
         log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
-    if cfg.backend.plan_cache.dir is not None and cfg.backend.name != "inductor":
+    if cfg.backend.plan_cache.dir is not None and not BACKENDS.get(cfg.backend.name).stores_plans:
         from fuelpipe.bench.decode import unused_plan_cache
 
         log.warning("fuelpipe: backend.plan_cache is set but %s", unused_plan_cache(cfg.backend.name))

@@ -207,10 +207,29 @@ def _check_shape(path: Path, src: str, got: tuple[int, ...], want: tuple[int, ..
         raise TensorShapeError(path, f"tensor {src!r} has shape {list(got)}, but {target} needs {list(want)}")
 
 
+# Where a weight's data starts, in bytes: a cache line. Arrays that arrive from numpy (a GGUF tensor
+# dequantized, a safetensors read) are only 16-byte aligned, so the vector loads of every GEMV row split
+# cache lines; measured on SmolLM2-135M f32, AMD EPYC (AVX-512), 1 thread, one process, plans side by
+# side: the same AOT plan on the loaded weights 1.3 ms/token slower than on 64-byte aligned copies.
+WEIGHT_ALIGN = 64
+
+
+def aligned(w: torch.Tensor) -> torch.Tensor:
+    """``w`` itself when contiguous and cache-line aligned, else a contiguous copy that is (torch's CPU
+    allocator aligns to 64 bytes). The copy replaces ``w``: the caller keeps only the returned tensor."""
+    if w.is_contiguous() and w.data_ptr() % WEIGHT_ALIGN == 0:
+        return w
+    out = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+    if out.data_ptr() % WEIGHT_ALIGN != 0:  # an allocator that does not align: keep the original
+        return w.contiguous()
+    return out.copy_(w)
+
+
 def _put(path: Path, tensors: dict[str, torch.Tensor], first: dict[str, str], p: "_Planned", w: torch.Tensor) -> None:
-    """Keep ``w`` for its parameter; a second source for one tied parameter must hold the same values."""
+    """Keep ``w`` for its parameter (cache-line aligned); a second source for one tied parameter must
+    hold the same values."""
     if p.target not in tensors:
-        tensors[p.target], first[p.target] = w, p.source
+        tensors[p.target], first[p.target] = aligned(w), p.source
     elif not torch.equal(tensors[p.target], w):
         raise CheckpointConfigError(path, f"tensors {first[p.target]!r} and {p.source!r} both load the tied "
                                           f"parameter {p.target} but differ (is the head really tied?)")

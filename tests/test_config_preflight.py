@@ -18,7 +18,7 @@ def test_a_clean_command_line_resolves_its_output_dir():
 def test_every_value_of_a_sweep_axis_is_checked():
     pre = preflight(["backend=eager,fxx", "plan=replan,plan_onse"], multirun=True)
     assert pre.problems == [
-        "unknown option for config group 'backend' 'fxx'; did you mean 'fx'? available: eager, fx, inductor",
+        "unknown option for config group 'backend' 'fxx'; did you mean 'fx'? available: aot, eager, fx, inductor",
         "unknown option for config group 'plan' 'plan_onse'; did you mean 'plan_once'? "
         "available: captured, plan_once, replan",
     ]

@@ -15,6 +15,11 @@ writes the KV tensors it is given in place. Step kinds that pass host integers
 (the ``symbol`` offset paths) are not stored, since an integer argument would be
 compiled as a constant: the config refuses them with a plan cache, and an oracle's
 own symbol-path variant is built by torch.compile, uncached (see ``cacheable``).
+
+``backend=aot`` (``AotStep``) compiles the same package in-process without the weights
+and binds it to the very tensors the traced graph holds (the model's parameters and the
+plan's derived copies), so nothing is copied; with ``backend.plan_cache.dir`` set it
+stores and loads exactly as the inductor backend does.
 """
 from __future__ import annotations
 
@@ -67,8 +72,22 @@ def cacheable(step_kind: str) -> bool:
     return step_kind not in SYMBOLIC_KINDS
 
 
+class _BuiltOnFirstCall:
+    """A program built on its first call (building needs the step's arguments: its geometry), then run."""
+
+    _run: Optional[Callable] = None
+
+    def __call__(self, *args):
+        if self._run is None:
+            self._run = self._realize(args)
+        return self._run(*args)
+
+    def _realize(self, args: tuple) -> Callable:
+        raise NotImplementedError
+
+
 @dataclass
-class CachedAotStep:
+class CachedAotStep(_BuiltOnFirstCall):
     """The program ``fn`` of a cached inductor plan: keys, loads or compiles on its first call."""
 
     spec_cache: PlanCacheSpec
@@ -78,12 +97,6 @@ class CachedAotStep:
     passes: tuple[str, ...]
     event: PlanCacheEvent = field(default_factory=PlanCacheEvent)
     passes_applied: dict = field(default_factory=dict)
-    _run: Optional[Callable] = None
-
-    def __call__(self, *args):
-        if self._run is None:
-            self._run = self._realize(args)
-        return self._run(*args)
 
     def _realize(self, args: tuple) -> Callable:
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
@@ -122,7 +135,7 @@ class CachedAotStep:
 
 
 @dataclass
-class AotStep:
+class AotStep(_BuiltOnFirstCall):
     """The program ``fn`` of ``backend=aot``: the step compiled ahead of time on its first call and held.
 
     The package is compiled without its weights (``aot_inductor.package_constants_in_so=False``) and
@@ -138,12 +151,6 @@ class AotStep:
     misbind: bool = False  # negative control only (Fault.AOT_CONSTANTS_MISBOUND)
     event: PlanCacheEvent = field(default_factory=lambda: PlanCacheEvent(status="private"))
     passes_applied: dict = field(default_factory=dict)
-    _run: Optional[Callable] = None
-
-    def __call__(self, *args):
-        if self._run is None:
-            self._run = self._realize(args)
-        return self._run(*args)
 
     def _realize(self, args: tuple) -> Callable:
         import tempfile

@@ -42,7 +42,7 @@ from fuelpipe.step import SYMBOLIC_KINDS
 class PlanCacheEvent:
     """What one cached build did, for the plan's stats and results.json."""
 
-    status: str = ""  # hit | miss | corrupt | mismatch (the last three compiled) | uncacheable
+    status: str = ""  # hit | miss | corrupt | mismatch (the last three compiled) | uncacheable | private (aot, unstored)
     detail: str = ""
     key: str = ""
     key_s: float = 0.0  # tracing for the key, hashing weights and inputs

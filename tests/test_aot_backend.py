@@ -90,3 +90,21 @@ def test_oracle_on_aot_passes_then_catches_its_fault(compose_cfg, name):
     control = run_one(cfg, assemble(cfg), ORACLES[name])
     assert not control.passed and control.fault == ORACLES[name].fault.value, control.detail
     assert not control.detail.startswith("raised"), control.detail
+
+
+@pytest.mark.slow
+def test_aot_with_a_plan_cache_stores_then_loads_the_same_plan(tmp_path):
+    from fuelpipe.plan.backends import BackendSpec
+    from fuelpipe.plan.plan_store import PlanCacheSpec
+
+    torch.set_num_threads(1)
+    model = build_random_model("llama", "tiny", seed=0)
+    runs = []
+    for _ in range(2):  # two contexts: the second build must be served from the folder
+        ctx = InferenceContext(model, BackendSpec(name="aot", plan_cache=PlanCacheSpec(dir=str(tmp_path))))
+        runs.append((_decode(ctx), ctx.plan.session.program))
+    (first, built), (second, loaded) = runs
+    assert built.backend == loaded.backend == "aot"
+    assert built.cache_event.status == "miss" and loaded.cache_event.status == "hit"
+    assert torch.equal(first, second)
+    assert (first - _decode(InferenceContext(model, "eager", "plan_once"))).abs().max().item() <= 1e-5

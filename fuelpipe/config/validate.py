@@ -232,7 +232,8 @@ def _plan_cache(cfg: DictConfig) -> list[str]:
     elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is not writable")
     offset = _offset_path(cfg)
-    if offset == "symbol" and not getattr(_backend_entry(cfg), "ahead_of_time", False):  # (an AOT backend says it once, below)
+    # (an ahead-of-time backend refuses the symbol path on its own, below: said once)
+    if offset == "symbol" and not getattr(_backend_entry(cfg), "ahead_of_time", False):
         reasons.append(f"backend.plan_cache needs per-token data as tensors, but the offset path is 'symbol' "
                        f"(model.family={cfg.model.family}, plan.offset_mode={offset}): host integers would be "
                        "stored as constants; set plan.offset_mode=tensor")

@@ -83,7 +83,8 @@ def _flip_a_byte(store: PlanStore, digest: str) -> None:
 def run(inp: OracleInput) -> OracleResult:
     pc = inp.setup.backend.plan_cache
     if not BACKENDS.get(inp.setup.backend.name).stores_plans or not pc.enabled:
-        return skipped(NAME, "no persistent plan cache in use (backend=inductor or aot, backend.plan_cache.dir=<folder>)")
+        return skipped(NAME, "no persistent plan cache in use "
+                             "(backend=inductor or aot, backend.plan_cache.dir=<folder>)")
     private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
     try:
         own = dataclasses.replace(pc, dir=private, max_gb=1e6)

@@ -42,7 +42,8 @@ from fuelpipe.step import SYMBOLIC_KINDS
 class PlanCacheEvent:
     """What one cached build did, for the plan's stats and results.json."""
 
-    status: str = ""  # hit | miss | corrupt | mismatch (the last three compiled) | uncacheable | private (aot, unstored)
+    # hit | miss | corrupt | mismatch (the last three compiled) | uncacheable | private (backend=aot, not stored)
+    status: str = ""
     detail: str = ""
     key: str = ""
     key_s: float = 0.0  # tracing for the key, hashing weights and inputs
@@ -140,9 +141,10 @@ class AotStep(_BuiltOnFirstCall):
 
     The package is compiled without its weights (``aot_inductor.package_constants_in_so=False``) and
     bound to the very tensors the traced graph holds (the model's parameters and the plan's derived
-    copies) by reference (``load_constants(user_managed=True)``): nothing is copied, so a plan's weights
-    exist once, and the package file is small and deleted once loaded. Each token is then one call into
-    the compiled library: no Dynamo guard, no Python between operators.
+    copies) by reference (``load_constants(user_managed=True)``): the package holds no weights, its file
+    is small and deleted once loaded. (The compile itself leaves about the weights' size resident in the
+    process; README "Known limits".) Each token is then one call into the compiled library: no Dynamo
+    guard, no Python between operators.
     """
 
     step: nn.Module

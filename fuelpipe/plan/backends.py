@@ -197,7 +197,7 @@ def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgra
     exactly as ``backend=inductor`` stores it. A step kind passing host integers (the ``symbol`` offset
     path) cannot be compiled ahead of time: the config refuses it, and an oracle's own symbol-path
     variant compiles with torch.compile instead, its build saying so (cache event ``uncacheable``)."""
-    from fuelpipe.plan.aot_program import AotStep, PlanCacheEvent, cacheable
+    from fuelpipe.plan.aot_program import AotStep, cacheable
 
     if not cacheable(step_kind):
         return _build_inductor_cached(spec, step, step_kind)  # backend "inductor", event "uncacheable"

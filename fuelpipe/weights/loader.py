@@ -215,14 +215,11 @@ WEIGHT_ALIGN = 64
 
 
 def aligned(w: torch.Tensor) -> torch.Tensor:
-    """``w`` itself when contiguous and cache-line aligned, else a contiguous copy that is (torch's CPU
-    allocator aligns to 64 bytes). The copy replaces ``w``: the caller keeps only the returned tensor."""
+    """``w`` itself when contiguous and cache-line aligned, else a contiguous copy in torch's own
+    allocation (its CPU allocator aligns to 64 bytes). The caller keeps only the returned tensor."""
     if w.is_contiguous() and w.data_ptr() % WEIGHT_ALIGN == 0:
         return w
-    out = torch.empty(w.shape, dtype=w.dtype, device=w.device)
-    if out.data_ptr() % WEIGHT_ALIGN != 0:  # an allocator that does not align: keep the original
-        return w.contiguous()
-    return out.copy_(w)
+    return torch.empty(w.shape, dtype=w.dtype, device=w.device).copy_(w)
 
 
 def _put(path: Path, tensors: dict[str, torch.Tensor], first: dict[str, str], p: "_Planned", w: torch.Tensor) -> None:

@@ -15,6 +15,7 @@ from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE
 from fuelpipe.context import InferenceContext
 from models.registry import build_random_model
+import _global_state
 
 # Two cores: keep torch from oversubscribing when pytest runs alongside other work.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -23,6 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = conf_dir()
 FAST = ["backend=eager"]  # presets say nothing about the backend; eager keeps in-process runs quick
 PROMPT = [3, 17, 42, 7, 99]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_global_state():
+    """Every test leaves process-wide settings (torch threads and configs, the environment, the
+    registries) as it found them: a leak is restored and fails the test that made it."""
+    before = _global_state.snapshot()
+    yield
+    leaked = _global_state.leaks(before)
+    if leaked:
+        _global_state.restore(before)
+        pytest.fail("the test left process-wide state changed: " + "; ".join(leaked[:8]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -84,14 +84,17 @@ def test_the_key_names_no_process_local_identity():
     assert "0x" not in text and "id(" not in text
 
 
-def test_the_machine_the_code_is_compiled_for_is_in_the_key(monkeypatch):
-    """inductor compiles with -march=native: another CPU model or flag set must never share an entry."""
+def test_the_machine_the_code_is_compiled_for_is_in_the_key():
+    """inductor compiles with -march=native: another CPU model or flag set must never share an entry.
+
+    The setting is changed through inductor's own ``patch`` (a context manager that restores it): a
+    monkeypatch of a config proxy can leave the option deleted, which breaks every later cold compile."""
     from torch._inductor import config as inductor_config
 
     model = build_random_model("llama", "tiny", seed=0)
     here = _key(model)
-    monkeypatch.setattr(inductor_config.cpp, "march", "x86-64-v2")
-    other = _key(model)
+    with inductor_config.patch({"cpp.march": "x86-64-v2"}):
+        other = _key(model)
     assert other.machine != here.machine and other.digest() != here.digest()
 
 

@@ -137,3 +137,31 @@ def test_a_config_the_twin_cannot_express_is_skipped_with_the_reason(compose_cfg
     monkeypatch.setattr(hf_twin, "rope_parameters", inexpressible)
     result = _run(compose_cfg, "llama_tiny", "contiguous", "vs_transformers")
     assert result.skipped and not result.passed and "no faithful transformers twin" in result.detail
+
+
+# ---- RoPE scalings no gate model uses: compared with transformers' tables at the model's width ----------------
+
+@pytest.mark.parametrize("theta,rotary_dim", [(10000.0, 16), (1e6, 64), (500000.0, 8)])
+def test_every_scaling_kind_equals_transformers_tables(theta, rotary_dim):
+    from fuelpipe.oracles.rope_twin import compare_scalings
+
+    results = compare_scalings(theta, rotary_dim)
+    assert {r.name.split()[0] for r in results} == {"linear", "llama3", "yarn"}
+    assert all(r.ok for r in results), [r.seen() for r in results if not r.ok]
+
+
+@pytest.mark.parametrize("bug", ["yarn_attention_factor_dropped", "llama3_band_swapped", "yarn_ramp_reversed"])
+def test_a_scaling_bug_fails_the_rope_comparison(monkeypatch, bug):
+    """Three different bugs in scaling code no tiny config reaches: each fails the comparison."""
+    import fuelpipe.rope as rope
+    from fuelpipe.oracles.rope_twin import compare_scalings
+
+    if bug == "yarn_attention_factor_dropped":
+        monkeypatch.setattr(rope.RopeScaling, "cos_sin_factor", lambda self: 1.0)
+    elif bug == "llama3_band_swapped":
+        monkeypatch.setattr(rope, "_llama3_scale", lambda inv, s: torch.where(2 * torch.pi / inv > s.original_max_position_embeddings / s.high_freq_factor, inv / s.factor, inv))
+    else:
+        original = rope._yarn_scale
+        monkeypatch.setattr(rope, "_yarn_scale", lambda theta, dim, s: original(theta, dim, s).flip(0))
+    bad = [r for r in compare_scalings(10000.0, 16) if not r.ok]
+    assert bad, f"{bug} passed the RoPE comparison"

@@ -16,6 +16,12 @@ experiment's prompts, and holds each measure to a stated tolerance per kind
   it first differs from the f32 model's (reported, and held to a minimum
   share of the run).
 
+Those tolerances depend on the checkpoint, so they are loose; the quantization
+rule itself is held to its exact rounding bound, matrix by matrix
+(``quant_bounds``: every packed matrix against the f32 one it stands for, and the
+quantizer run on the checkpoint's first dense matrices), which a wrong rule fails
+on any model.
+
 Both arms see the same token stream (the f32 model's greedy continuation,
 teacher-forced), so one early difference cannot cascade. The quantized side
 runs through the configured plan; the f32 side is the eager reference of the
@@ -34,6 +40,7 @@ import torch
 from fuelpipe.driver import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, forced_logits, greedy_run, skipped
+from fuelpipe.oracles.quant_bounds import check_model
 
 NAME = "quant_quality"
 DECISIVE_MARGIN = 0.1  # of the f32 logits' std
@@ -96,6 +103,8 @@ def run(inp: OracleInput) -> OracleResult:
         q_tokens, _ = greedy_run(ctx, inp.cache(ctx), prompt, n)
         same = next((i for i, (a, b) in enumerate(zip(q_tokens, ref_tokens)) if a != b), n)
         greedy_shares.append(same / n)
+    bounds_checked = check_model(model, dense, fmt)
+    worst_bound = max(bounds_checked, key=lambda c: c.ratio)
     top1 = agree / total if total else 1.0
     greedy = min(greedy_shares)
     failures = []
@@ -108,10 +117,16 @@ def run(inp: OracleInput) -> OracleResult:
     ):
         if not ok:
             failures.append(f"{label}={value:.4g} (allowed {'>=' if label in ('top1', 'greedy_agree') else '<='} {bound})")
-    metric = {"kind": fmt.label(), "top1": round(top1, 4), "max_err": float(f"{worst_max:.3g}"),
+    if not worst_bound.ok:
+        over = [c for c in bounds_checked if not c.ok]
+        failures.append(f"{len(over)} of {len(bounds_checked)} matrices miss their rounding bound (worst "
+                        f"{worst_bound.name} {worst_bound.kind}: {worst_bound.ratio:.3g} x the bound)")
+    metric = {"kind": fmt.label(), "bound_ratio": float(f"{worst_bound.ratio:.3g}"),
+              "matrices_bounded": len(bounds_checked), "top1": round(top1, 4), "max_err": float(f"{worst_max:.3g}"),
               "mean_err": float(f"{worst_mean:.3g}"), "kl": float(f"{worst_kl:.3g}"), "greedy_agree": round(greedy, 3),
               "top1_all": round(agree_all / total_all, 4), "decisive": total, "positions": total_all, "prompts": len(inp.prompts)}
     bounds = (f"{kind} tolerances: top1>={top1_min} max_err<={max_err_max} mean_err<={mean_err_max} "
-              f"kl<={kl_max} greedy_agree>={greedy_min} (errors relative to the f32 logits' std)")
+              f"kl<={kl_max} greedy_agree>={greedy_min} (errors relative to the f32 logits' std); every matrix within its "
+              f"rounding bound (worst {worst_bound.ratio:.3g} x, {len(bounds_checked)} matrices)")
     detail = ("failed: " + "; ".join(failures) + f"; {bounds}") if failures else bounds
     return OracleResult(name=NAME, passed=not failures, metric=metric, tolerance=None, detail=detail)

@@ -18,8 +18,8 @@ def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for name in ORACLES:  # every registered oracle is on by default, and passes (transformers is a test extra) ...
-        # ... but plan_cache (no plan cache in use) and quant_quality (f32 weights), which say SKIP
-        verdict = "SKIP" if name in ("plan_cache", "quant_quality") else "PASS"
+        # ... but quant_quality (f32 weights), which says SKIP
+        verdict = "SKIP" if name == "quant_quality" else "PASS"
         assert re.search(rf"^{name}\s+{verdict}\s", out, re.M), out
     plan_once = float(re.search(r"plan_once ms/token\s+([\d.]+)", out).group(1))
     replan = float(re.search(r"replan ms/token\s+([\d.]+)", out).group(1))
@@ -46,11 +46,9 @@ def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_pa
 def test_negative_control_exits_1(tmp_path):
     proc = run_cli("experiment=negative_control", "backend=eager", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
-    # Every oracle catches its fault, except plan_cache, which needs a plan cache to run, and quant_quality,
-    # which needs quantized weights (each a SKIP naming it; their negative controls run in
-    # tests/test_plan_cache.py and tests/test_quant.py).
-    assert proc.stdout.count(" FAIL ") == len(ORACLES) - 2
-    assert "plan_cache            SKIP" in proc.stdout
+    # Every oracle catches its fault, except quant_quality, which needs quantized weights (a SKIP naming it;
+    # its negative control runs in tests/test_quant.py).
+    assert proc.stdout.count(" FAIL ") == len(ORACLES) - 1
     assert "quant_quality         SKIP" in proc.stdout
     doc = json.loads((tmp_path / "results.json").read_text())
     assert schema_problems(doc) == [] and doc["status"] == "failed" and doc["negative_control"] is True

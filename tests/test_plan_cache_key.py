@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -113,3 +114,68 @@ def test_an_installed_pass_is_keyed_by_its_source_file(tmp_path):
         before = recipe_source_digest(("my_noop_pass",))
         src.write_text("def run(gm):\n    return 1  # edited\n")
         assert recipe_source_digest(("my_noop_pass",)) != before
+
+
+# ---- the gate's key checks (fuelpipe.oracles.plan_cache_keys): on any backend, no compilation ----------------------
+
+def _gate_key_checks(fault=None):
+    import dataclasses
+
+    from fuelpipe.driver import PlanMode
+    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.base import OracleInput, Setup
+    from fuelpipe.oracles.plan_cache_keys import key_checks
+    from fuelpipe.plan.backends import BackendSpec
+
+    inp = OracleInput(model=build_random_model("llama", "tiny", seed=0), setup=Setup(BackendSpec(), PlanMode.PLAN_ONCE),
+                      prompts=((1, 2, 3, 4, 5),), new_tokens=4, max_seq_len=16,
+                      other_model=lambda: build_random_model("llama", "tiny", seed=1))
+    return {c.name: c for c in key_checks(dataclasses.replace(inp, fault=fault or Fault.NONE))}
+
+
+def test_the_gate_checks_both_halves_of_the_key_on_the_default_backend():
+    checks = _gate_key_checks()
+    assert all(c.ok for c in checks.values()), [(n, c.seen) for n, c in checks.items() if not c.ok]
+    assert sum("-> the same key" in n for n in checks) == 3 and sum("-> another key" in n for n in checks) >= 6
+
+
+def _key_without_threads(mp):
+    import dataclasses
+
+    from fuelpipe.plan import plan_cache_key
+
+    original = plan_cache_key.content_key
+    mp.setattr(plan_cache_key, "content_key", lambda *a, **k: dataclasses.replace(original(*a, **k), threads=1))
+
+
+def _key_without_pass_sources(mp):
+    from fuelpipe.plan import plan_cache_key
+
+    original = plan_cache_key.recipe_source_digest
+    mp.setattr(plan_cache_key, "recipe_source_digest", lambda fx_passes=(), **k: original((), **k))
+
+
+def _key_with_object_ids(mp):
+    """Over-keying: the weights digest names the tensors' storage addresses (process-local)."""
+    from fuelpipe.plan import plan_cache_key
+
+    original = plan_cache_key.weights_digest
+    mp.setattr(plan_cache_key, "weights_digest", lambda gm: original(gm) + str(next(gm.parameters()).data_ptr()))
+
+
+@pytest.mark.parametrize("plant,broken", [
+    (_key_without_threads, "another thread count"),
+    (_key_without_pass_sources, "a pass's source edited"),
+    (_key_with_object_ids, "another instance of the same weights"),
+])
+def test_a_key_bug_fails_the_gate_key_checks(monkeypatch, plant, broken):
+    plant(monkeypatch)
+    failed = [n for n, c in _gate_key_checks().items() if not c.ok]
+    assert any(broken in n for n in failed), failed
+
+
+def test_the_plan_cache_negative_control_is_caught_by_the_key_checks():
+    from fuelpipe.faults import Fault
+
+    failed = [n for n, c in _gate_key_checks(Fault.PLAN_CACHE_IGNORES_WEIGHTS).items() if not c.ok]
+    assert failed == ["key: other weights -> another key"]

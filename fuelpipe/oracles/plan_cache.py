@@ -1,6 +1,11 @@
 """Does the persistent plan cache serve a stored plan only to the plan it was built for?
 
-Runs where a plan cache is configured (``backend=inductor backend.plan_cache.dir=...``),
+On every backend, the content key a stored plan is filed under is checked first, with
+no compilation (``plan_cache_keys``: both halves, from other weights, geometry, thread
+count, pass source, pass list and -march that must change it to a fresh context,
+another instance of the same weights and another position that must not).
+
+The stored plans themselves are checked where a plan cache is configured (``backend=inductor backend.plan_cache.dir=...``),
 in a private folder of its own (removed afterwards: the oracle corrupts an entry, and a
 shared folder's published entries never change under its other readers; nor can a small
 ``max_gb`` or another worker evict what it checks), with fresh contexts (nothing held in
@@ -33,8 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, skipped
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled
 from fuelpipe.oracles.checks import Check
+from fuelpipe.oracles.plan_cache_keys import key_checks
 from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.plan.plan_store import PAYLOAD, PlanStore
 from fuelpipe.sampling import greedy
@@ -81,20 +87,32 @@ def _flip_a_byte(store: PlanStore, digest: str) -> None:
 
 
 def run(inp: OracleInput) -> OracleResult:
+    checks = key_checks(inp)
     pc = inp.setup.backend.plan_cache
-    if not BACKENDS.get(inp.setup.backend.name).stores_plans or not pc.enabled:
-        return skipped(NAME, "no persistent plan cache in use "
-                             "(backend=inductor or aot, backend.plan_cache.dir=<folder>)")
-    private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
-    try:
-        own = dataclasses.replace(pc, dir=private, max_gb=1e6)
-        setup = inp.setup.with_changes(backend=dataclasses.replace(inp.setup.backend, plan_cache=own))
-        return _run(dataclasses.replace(inp, setup=setup))
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+    stored = BACKENDS.get(inp.setup.backend.name).stores_plans and pc.enabled
+    first_build = "not stored: keys only (backend=inductor or aot with backend.plan_cache.dir stores plans)"
+    if stored:
+        private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
+        try:
+            own = dataclasses.replace(pc, dir=private, max_gb=1e6)
+            setup = inp.setup.with_changes(backend=dataclasses.replace(inp.setup.backend, plan_cache=own))
+            first_build, served = _stored(dataclasses.replace(inp, setup=setup))
+            checks += served
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+    failed = [f"{c.name} ({c.seen})" for c in checks if not c.ok]
+    return OracleResult(
+        name=NAME,
+        passed=not failed,
+        metric={"checks": len(checks), "failed_checks": len(failed), "max_abs_error": max(c.error for c in checks),
+                "first_build": first_build},
+        tolerance=inp.tolerance,
+        detail="failed: " + "; ".join(failed) if failed else "; ".join(f"{c.name}: {c.seen}" for c in checks),
+    )
 
 
-def _run(inp: OracleInput) -> OracleResult:
+def _stored(inp: OracleInput) -> tuple[str, list[Check]]:
+    """(the first build's cache status, the checks of plans stored and served from the oracle's own folder)."""
     pc = inp.setup.backend.plan_cache
     n = inp.max_seq_len
     ref_ctx = inp.setup.with_backend("eager").context(inp.model, plan=PlanMode.PLAN_ONCE)
@@ -140,12 +158,4 @@ def _run(inp: OracleInput) -> OracleResult:
         checks.append(Check("corrupted entry: rebuilt, not loaded", False,
                             f"the first build's entry {first.key} is not in the oracle's own folder {pc.dir}"))
 
-    failed = [f"{c.name} ({c.seen})" for c in checks if not c.ok]
-    return OracleResult(
-        name=NAME,
-        passed=not failed,
-        metric={"checks": len(checks), "failed_checks": len(failed), "max_abs_error": max(c.error for c in checks),
-                "first_build": first.status},
-        tolerance=inp.tolerance,
-        detail="failed: " + "; ".join(failed) if failed else "; ".join(f"{c.name}: {c.seen}" for c in checks),
-    )
+    return first.status, checks

@@ -32,8 +32,7 @@ import torch
 from torch import nn
 
 from fuelpipe.errors import PlanError
-from fuelpipe.plan.fx_trace import trace_leaves_unregistered
-from fuelpipe.plan.plan_cache_key import content_key
+from fuelpipe.plan.plan_cache_key import step_content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
 from fuelpipe.step import SYMBOLIC_KINDS
 
@@ -102,13 +101,11 @@ class CachedAotStep(_BuiltOnFirstCall):
     def _realize(self, args: tuple) -> Callable:
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
         t0 = time.perf_counter()
-        raw = trace_leaves_unregistered(self.step)
-        key = content_key(raw, args, step_kind=self.step_kind, backend="inductor", fx_passes=self.passes,
-                          key_weights=self.spec_cache.key_weights)
+        key = step_content_key(self.step, args, step_kind=self.step_kind, fx_passes=self.passes,
+                               key_weights=self.spec_cache.key_weights)
         fields, digest = key.fields(), key.digest()
         ev = self.event
         ev.key, ev.key_s = digest, time.perf_counter() - t0
-        del raw
         t1 = time.perf_counter()
         found = store.lookup(digest, fields)
         ev.status, ev.detail = found.status, found.detail

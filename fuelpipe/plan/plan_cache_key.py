@@ -190,3 +190,13 @@ def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str
         machine=machine_digest(),
         fuelpipe_version=fuelpipe.__version__,
     )
+
+
+def step_content_key(step: torch.nn.Module, args: tuple, *, step_kind: str, fx_passes: tuple[str, ...],
+                     key_weights: bool = True) -> PlanContentKey:
+    """The key a stored plan of ``step`` called with ``args`` is filed under (inductor and aot share the packages)."""
+    from fuelpipe.plan.fx_trace import trace_leaves_unregistered
+
+    raw = trace_leaves_unregistered(step)
+    return content_key(raw, args, step_kind=step_kind, backend="inductor", fx_passes=fx_passes,
+                       key_weights=key_weights)

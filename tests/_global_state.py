@@ -21,7 +21,12 @@ from fuelpipe.plan.fx_passes import FX_PASSES
 from fuelpipe.stages import STAGES
 from models.registry import FAMILIES
 
-PYTEST_OWN = {"PYTEST_CURRENT_TEST"}  # pytest rewrites it around every phase
+# Variables the tools set for themselves: pytest around every phase, inductor on its first compile.
+TOOLS_OWN = ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_")
+
+
+def _tools_own(key: str) -> bool:
+    return key.startswith(TOOLS_OWN)
 REGISTRIES = {"oracles": ORACLES, "backends": BACKENDS, "fx passes": FX_PASSES, "stages": STAGES, "families": FAMILIES}
 
 
@@ -47,7 +52,7 @@ def snapshot() -> GlobalState:
         default_dtype=torch.get_default_dtype(),
         grad_enabled=torch.is_grad_enabled(),
         deterministic=torch.are_deterministic_algorithms_enabled(),
-        environ={k: v for k, v in os.environ.items() if k not in PYTEST_OWN},
+        environ={k: v for k, v in os.environ.items() if not _tools_own(k)},
         inductor=inductor_config.get_config_copy(),
         dynamo=dynamo_config.get_config_copy(),
         registries=_registry_entries(),
@@ -92,7 +97,7 @@ def restore(before: GlobalState) -> None:
     torch.set_default_dtype(before.default_dtype)
     torch.set_grad_enabled(before.grad_enabled)
     torch.use_deterministic_algorithms(before.deterministic)
-    for key in [k for k in os.environ if k not in before.environ and k not in PYTEST_OWN]:
+    for key in [k for k in os.environ if k not in before.environ and not _tools_own(k)]:
         del os.environ[key]
     os.environ.update(before.environ)
     inductor_config.load_config(before.inductor)

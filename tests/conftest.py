@@ -73,8 +73,10 @@ def compose_cfg():
         with initialize_config_dir(str(CONF), version_base=VERSION_BASE):
             return compose("config", overrides=overrides, return_hydra_config=hydra)
 
+    threads = torch.get_num_threads()
     yield _compose
     GlobalHydra.instance().clear()
+    torch.set_num_threads(threads)  # assemble() applies a composed config's backend.threads process-wide
 
 
 def with_tiny_model(overrides) -> list[str]:

@@ -44,8 +44,8 @@ def _decode(ctx, tokens=(4, 5, 6, 7)):
 
 
 @pytest.mark.slow
-def test_aot_plan_computes_the_reference_on_the_models_own_weights():
-    torch.set_num_threads(1)
+def test_aot_plan_computes_the_reference_on_the_models_own_weights(threads):
+    threads(1)
     model = build_random_model("llama", "tiny", seed=0)
     ctx = InferenceContext(model, "aot", "plan_once")
     got = _decode(ctx)
@@ -94,11 +94,11 @@ def test_oracle_on_aot_passes_then_catches_its_fault(compose_cfg, name):
 
 
 @pytest.mark.slow
-def test_aot_with_a_plan_cache_stores_then_loads_the_same_plan(tmp_path):
+def test_aot_with_a_plan_cache_stores_then_loads_the_same_plan(tmp_path, threads):
     from fuelpipe.plan.backends import BackendSpec
     from fuelpipe.plan.plan_store import PlanCacheSpec
 
-    torch.set_num_threads(1)
+    threads(1)
     model = build_random_model("llama", "tiny", seed=0)
     runs = []
     for _ in range(2):  # two contexts: the second build must be served from the folder

@@ -45,6 +45,7 @@ def run_job(
     recorded and its traceback logged.
     """
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    caller_threads = torch.get_num_threads()  # backend.threads is the job's: the caller gets its own back
     try:
         return _run_job(cfg, config, sweep, overrides, choices)
     except Exception as err:  # a bug, not bad input: it must not read as "an oracle failed"
@@ -54,6 +55,8 @@ def run_job(
                           overrides=overrides, choices=choices)
         doc["error"] = {"type": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
         return doc
+    finally:
+        torch.set_num_threads(caller_threads)
 
 
 def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:

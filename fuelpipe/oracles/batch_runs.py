@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
 from typing import Optional, Sequence
 
 from fuelpipe.batch import ContinuousBatcher, Request, Sampling
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput
 from fuelpipe.oracles.checks import decode_rows
 from fuelpipe.sampling import greedy

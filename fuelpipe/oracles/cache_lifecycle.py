@@ -35,8 +35,8 @@ import torch
 
 from fuelpipe.driver import PlanMode
 from fuelpipe.errors import KvCapacityError
-from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from fuelpipe.kv.paged import PagedSequence
+from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from fuelpipe.oracles.checks import Checks, accounting, decode_rows, forced_tokens, offset_paths
 from fuelpipe.oracles.paged_invariants import audit
 from fuelpipe.plan.validity import PlanValidity

@@ -28,20 +28,22 @@ def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits[0]))
 
 
+def draw(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
+    """One temperature / top-k draw from logits [1, vocab], taking its randomness from ``generator`` only."""
+    check_finite(logits[0])
+    row = logits[0].float().cpu() / temperature  # [vocab]
+    if top_k:
+        kth = torch.topk(row, min(top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 def seeded(temperature: float = 1.0, top_k: int = 0, seed: int = 0) -> Sampler:
+    """A sampler with its own generator, seeded once: the same seed and logits draw the same tokens."""
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0 (use greedy for 0), got {temperature}")
     if top_k < 0:
         raise ConfigError(f"top_k must be >= 0, got {top_k}")
     gen = torch.Generator().manual_seed(seed)
-
-    def sample(logits: torch.Tensor) -> int:
-        check_finite(logits[0])
-        row = logits[0].float().cpu() / temperature
-        if top_k:
-            kth = torch.topk(row, min(top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=gen))
-
-    return sample
+    return lambda logits: draw(logits, temperature, top_k, gen)

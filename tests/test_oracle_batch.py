@@ -1,10 +1,15 @@
 """The three batch oracles on every family x KV strategy: each passes, and each fails under its own fault."""
 import pytest
+import torch
 
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
 from conftest import default_or_slow
+from fuelpipe.batch.scheduler import ContinuousBatcher, Sampling
+from fuelpipe.batch import scheduler
+from fuelpipe.sampling import draw, greedy, seeded
+from planted_batch import BUGS
 
 CASES = [("llama_tiny", "contiguous", "tensor"), ("llama_tiny", "paged", "symbol"), ("phi_tiny", "contiguous", "symbol"),
          ("phi_tiny", "paged", "tensor"), ("qwen3_tiny", "contiguous", "tensor"), ("qwen3_tiny", "paged", "tensor"),
@@ -37,6 +42,9 @@ def test_batch_vs_solo_compares_at_least_32_tokens_per_request_with_joins(compos
     assert r.passed, r.detail
     assert r.metric["min_tokens"] >= 32 and r.metric["requests"] == 6 and r.metric["refused"] == 1
     assert r.metric["mean_batch"] > 1 and set(r.metric["builds_per_bucket"]) == {1, 2, 4}
+    # three seeded sampled requests, two of them twins (one stream), and the batch symbol path run too
+    assert r.metric["sampled_requests"] == 3 and r.metric["sampled_streams"] == 2
+    assert r.metric["offset_paths"] == ["batch", "batch_symbol"] and "tight_pool_waited" not in r.metric
 
 
 def test_batch_isolation_checks_padding_rows_and_every_kv_tensor(compose_cfg):
@@ -60,3 +68,62 @@ def test_batch_oracles_on_inductor(compose_cfg, name):
     base = ["model=llama_tiny", "backend=inductor", *SMALL]
     healthy = _run(compose_cfg, base, name)
     assert healthy.passed, healthy.detail
+
+
+# ---- issue 34: the classes the gate missed, each planted, each caught by batch_vs_solo --------------
+def test_batch_vs_solo_serves_a_tight_paged_pool_and_audits_it(compose_cfg):
+    r = _run(compose_cfg, ["model=llama_tiny", "kv=paged", *SMALL], "batch_vs_solo")
+    assert r.passed, r.detail
+    assert r.metric["tight_pool_waited"] and r.metric["tight_pool_refused"] and r.metric["tight_pool_audits"] >= 3
+    assert r.metric["offset_paths"] == ["paged", "paged_symbol"] and r.metric["structure_audits"] > 20
+
+
+def _reseeded_every_step(mp):
+    def sampler(self):
+        if self.temperature == 0:
+            return greedy
+        return lambda logits: draw(logits, self.temperature, self.top_k, torch.Generator().manual_seed(self.seed))
+    mp.setattr(Sampling, "sampler", sampler)
+
+
+def _seeded_from_the_row(mp):
+    """Each seeded request's generator is seeded with the batch slot it runs in, not its own seed."""
+    original = scheduler._Running.__init__
+
+    def init(self, result, handle, sampler, stops):
+        s = result.request.sampling
+        if s.temperature > 0:
+            sampler = seeded(s.temperature, s.top_k, handle.slot)
+        original(self, result, handle, sampler, stops)
+    mp.setattr(scheduler._Running, "__init__", init)
+
+
+def _fits_now_rounding_down(mp):
+    BUGS["admission_counts_blocks_rounding_down"][0](mp)
+    mp.setattr(ContinuousBatcher, "_never_fits", _ORIGINAL_NEVER_FITS)
+
+
+def _never_fits_rounding_down(mp):
+    BUGS["admission_counts_blocks_rounding_down"][0](mp)
+    mp.setattr(ContinuousBatcher, "_fits_now", _ORIGINAL_FITS_NOW)
+
+
+_ORIGINAL_NEVER_FITS, _ORIGINAL_FITS_NOW = ContinuousBatcher._never_fits, ContinuousBatcher._fits_now
+# planted bug -> (plant, layout, what batch_vs_solo's detail must say)
+PLANTED = {
+    "shared generator": (BUGS["sampling_shares_one_generator"][0], "contiguous", "is not its own"),
+    "reseeded every step": (_reseeded_every_step, "contiguous", "is not its own"),
+    "seeded from the row": (_seeded_from_the_row, "contiguous", "is not its own"),
+    "attended length from row 0": (BUGS["batch_attended_length_from_row_0"][0], "contiguous", "[batch_symbol] r"),
+    "admission waits rounding down": (_fits_now_rounding_down, "paged", "tight pool: tight-b"),
+    "refusal rounding down": (_never_fits_rounding_down, "paged", "tight pool: tight-over"),
+    "free leaves stale ids": (BUGS["free_leaves_stale_block_ids"][0], "paged", "released sequence: block table"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_batch_vs_solo_catches_the_planted_class(compose_cfg, monkeypatch, bug):
+    plant, kv, said = PLANTED[bug]
+    plant(monkeypatch)
+    r = _run(compose_cfg, ["model=llama_tiny", f"kv={kv}", *SMALL], "batch_vs_solo")
+    assert not r.passed and said in r.detail, r.detail

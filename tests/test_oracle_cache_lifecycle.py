@@ -9,11 +9,13 @@ from fuelpipe import context
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import KvCacheError, KvCapacityError
 from fuelpipe.kv.contiguous import ContiguousKvCache
-from fuelpipe.kv.paged import NULL_BLOCK
+from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool
+from fuelpipe.oracles.paged_invariants import audit, pool_problems, sequence_problems
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
 from models.registry import build_random_model, families
+from planted_batch import BUGS
 
 NAME = "cache_lifecycle"
 CASES = [(f, kv) for f, e in sorted(families().items()) for kv in (("latent",) if e.is_mla else ("contiguous", "paged"))]
@@ -33,7 +35,8 @@ def test_passes_on_fx_and_catches_a_stale_rope(compose_cfg, family, kv):
     healthy = _run(compose_cfg, family, kv, "backend=fx")
     assert healthy.passed, healthy.detail
     paths = 1 if kv == "latent" else 2
-    assert healthy.metric["checks"] == 10 * paths and healthy.metric["max_abs_error"] == 0.0
+    per_path = 11 if kv == "paged" else 10  # a paged cache adds its block table / pool audit
+    assert healthy.metric["checks"] == per_path * paths and healthy.metric["max_abs_error"] == 0.0
     ran = healthy.detail.split("step path(s) ", 1)[1].split(";")[0].split(", ")
     assert sorted(ran) == {"contiguous": ["symbol", "tensor"], "paged": ["paged", "paged_symbol"],
                            "latent": ["latent"]}[kv]  # both offset paths, where the layout has two
@@ -82,6 +85,49 @@ def test_a_mask_that_lets_the_stale_tail_through_is_caught(compose_cfg, monkeypa
     assert not result.passed
     failed = result.detail.split("failed: ", 1)[1]
     assert "[tensor] truncate_to" in failed and "first pass equals" not in failed and "[symbol]" not in failed, failed
+
+
+def test_a_free_that_leaves_stale_block_ids_is_caught(compose_cfg, monkeypatch):
+    """free() returns the blocks but keeps their ids in the table: masked, so every logit stays right;
+    only the structure audit sees it, after the reset and after the reuse, on both offset paths."""
+    BUGS["free_leaves_stale_block_ids"][0](monkeypatch)
+    result = _run(compose_cfg, "llama", "paged", "backend=fx")
+    assert not result.passed and result.metric["failed_checks"] == 2, result.detail
+    failed = result.detail.split("failed: ", 1)[1]
+    assert "block table and pool partition after every operation" in failed and "after free()" in failed, failed
+
+
+# ---- the paged structure audit on hand-built pools --------------------------------------------
+def _pool_with_two_sequences():
+    pool = KvBlockPool(1, 1, 2, num_blocks=8, block_size=2)
+    a, b = pool.sequence(4), pool.sequence(4)
+    a.advance(3)  # 2 blocks
+    b.advance(1)  # 1 block
+    return pool, a, b
+
+
+def test_the_structure_audit_passes_a_healthy_pool_through_truncate_and_free():
+    pool, a, b = _pool_with_two_sequences()
+    assert audit([a, b], [], pool, "grown") == []
+    a.truncate_to(1)
+    assert audit([a, b], [], pool, "truncated") == []  # truncated blocks stay owned and in the table
+    a.free()
+    assert audit([b], [a], pool, "freed") == []
+
+
+def test_the_structure_audit_names_stale_ids_double_owners_and_leaks():
+    pool, a, b = _pool_with_two_sequences()
+    a.block_table()[0, 3] = a.blocks[0]  # an id past the owned blocks
+    assert "past its 2 owned blocks" in " ".join(sequence_problems(a, "a"))
+    a.block_table()[0, 3] = NULL_BLOCK
+    b.blocks.append(a.blocks[1])  # owned twice (and not in b's table)
+    problems = " ".join(audit([a, b], [], pool, "shared"))
+    assert "both free and owned, or owned twice" in problems and "block table starts" in problems
+    b.blocks.pop()
+    pool.allocate(1)  # taken from the free list, owned by nobody
+    assert "neither free nor owned (leaked)" in " ".join(pool_problems(pool, [a, b], "leak"))
+    b.cached_len = 5  # more positions than its one block holds
+    assert "needs 3" in " ".join(sequence_problems(b, "b"))
 
 
 # ---- truncate_to refuses to go past the cached length, on every cache kind ------------------

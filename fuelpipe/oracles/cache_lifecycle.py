@@ -21,7 +21,10 @@ context on one cache goes through, in order:
 
 Every scenario also checks plan accounting: plan_once builds once for all of it, rebinds
 only where the allocation changed (clear) and never refuses; replan builds once per decode
-token. The negative control injects STALE_ROPE (a RoPE change never reaches decode).
+token. On a paged cache, one more check: after every operation (growth, refused and real
+truncates, ``free()``, reuse) the block table holds exactly the blocks the sequence owns, in
+order, then the null block, and the pool's free list and owned blocks partition the pool
+(``paged_invariants``). The negative control injects STALE_ROPE (a RoPE change never reaches decode).
 """
 from __future__ import annotations
 
@@ -30,11 +33,12 @@ from typing import Callable
 
 import torch
 
-from fuelpipe.backbone import OFFSET_MODES
-from fuelpipe.driver import PlanMode, step_kind_for
+from fuelpipe.driver import PlanMode
 from fuelpipe.errors import KvCapacityError
+from fuelpipe.kv.paged import PagedSequence
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
-from fuelpipe.oracles.checks import Checks, accounting, decode_rows, forced_tokens
+from fuelpipe.oracles.checks import Checks, accounting, decode_rows, forced_tokens, offset_paths
+from fuelpipe.oracles.paged_invariants import audit
 from fuelpipe.plan.validity import PlanValidity
 from fuelpipe.rope import RopePlan, RopeScaling
 
@@ -48,25 +52,12 @@ def run(inp: OracleInput) -> OracleResult:
     other = list(inp.prompts[1]) if len(inp.prompts) > 1 else [(t + 1) % vocab for t in prompt]
     capacity = max(inp.max_seq_len, max(len(prompt), len(other)) + n)
     checks = Checks()
-    paths = _offset_paths(inp, capacity)
+    paths = offset_paths(inp, inp.setup.kv.new_cache(inp.setup.context(inp.model), capacity))
     for mode, kind in paths:
         _scenarios(inp, inp.setup.with_changes(offset_mode=mode), kind, prompt, other, n, capacity, checks)
     ran = (f"{inp.setup.kv.layout} cache, {inp.setup.plan.value}, {n} forced tokens per pass, step path(s) "
            + ", ".join(kind for _, kind in paths))
     return checks.result("cache_lifecycle", ran)
-
-
-def _offset_paths(inp: OracleInput, capacity: int) -> list[tuple[str, str]]:
-    """(offset mode, step kind) pairs to run: the setup's own path, or both when it names none."""
-    if inp.setup.offset_mode is not None:
-        modes = [inp.setup.offset_mode]
-    else:
-        modes = [inp.model.offset_mode] + [m for m in OFFSET_MODES if m != inp.model.offset_mode]
-    probe = inp.setup.kv.new_cache(inp.setup.context(inp.model), capacity)
-    kinds: dict[str, str] = {}
-    for mode in modes:  # a latent cache has one step whatever the offset mode: run it once
-        kinds.setdefault(step_kind_for(probe, mode), mode)
-    return [(mode, kind) for kind, mode in kinds.items()]
 
 
 def _changed_rope(plan: RopePlan) -> RopePlan:
@@ -110,9 +101,19 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     once = held.plan.mode is PlanMode.PLAN_ONCE
     decoded = [0]
 
+    structure: list[str] = []  # paged only: block table and pool bookkeeping after every operation
+    audits = [0]
+
+    def check_structure(cache, after: str, released=()) -> None:
+        if isinstance(cache, PagedSequence):
+            audits[0] += 1
+            structure.extend(audit([cache], released, cache.pool, f"after {after}"))
+
     def held_rows(cache, start, tokens):
         decoded[0] += len(tokens)
-        return decode_rows(held, cache, start, tokens)
+        rows = decode_rows(held, cache, start, tokens)
+        check_structure(cache, f"decoding to length {cache.cached_len}")
+        return rows
 
     def account(scenario: str, rebinds: int) -> None:
         if once:
@@ -138,6 +139,7 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
             cache.truncate_to(new_len)
         except KvCapacityError:
             refused.append(new_len)
+    check_structure(cache, "the refused truncates")
     checks.add(
         f"{tag} truncate past the length refused, nothing changed",
         refused == past and _same_state(_state(cache), before),
@@ -146,6 +148,7 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
 
     k = len(prompt) + j
     cache.truncate_to(k)
+    check_structure(cache, f"truncate_to({k})")
     again = held_rows(cache, None, a[j:])
     checks.rows(f"{tag} truncate_to({k}) and re-decode the same tokens equals the first pass", first[j + 1 :], again)
     cache.truncate_to(k)
@@ -158,6 +161,7 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
 
     reset_name, reset = _RESET.get(cache.step_kind, _DEFAULT_RESET)
     reset(cache)
+    check_structure(cache, reset_name)
     changed = _changed_rope(model.rope_plan)
     got = held_rows(cache, other, d[:h])
     held.set_rope_plan(changed)
@@ -176,7 +180,11 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     held.set_rope_plan(model.rope_plan)
 
     reuse_name, reuse, rebinds = _REUSE.get(cache.step_kind, _DEFAULT_REUSE)
-    cache = reuse(cache)
+    old, cache = cache, reuse(cache)
+    check_structure(cache, reuse_name, [old] if old is not cache else [])
     got = held_rows(cache, prompt, a[:j] + b[:m])
     checks.rows(f"{tag} {reuse_name} and reuse equals a fresh run", want_alt, got)
     account(reuse_name, rebinds)
+    if audits[0]:
+        checks.add(f"{tag} block table and pool partition after every operation", not structure,
+                   "; ".join(structure[:3]) if structure else f"{audits[0]} audits clean")

@@ -11,7 +11,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from fuelpipe.oracles.base import OracleResult, compare
+from fuelpipe.backbone import OFFSET_MODES
+from fuelpipe.driver import step_kind_for
+from fuelpipe.oracles.base import OracleInput, OracleResult, compare
 
 
 @dataclass
@@ -71,3 +73,16 @@ def forced_tokens(vocab: int, n: int, seed: int) -> list[int]:
 def accounting(stats) -> str:
     validity = "none" if stats.last_validity is None else stats.last_validity.value
     return f"builds={stats.builds} rebinds={stats.rebinds} refusals={len(stats.refusals)} validity={validity}"
+
+
+def offset_paths(inp: OracleInput, probe) -> list[tuple[str, str]]:
+    """(offset mode, step kind) pairs to run on ``probe``'s cache layout: the setup's own path, or, when it
+    names none, the model's own first and then every other mode that gives the layout another step kind."""
+    if inp.setup.offset_mode is not None:
+        modes = [inp.setup.offset_mode]
+    else:
+        modes = [inp.model.offset_mode] + [m for m in OFFSET_MODES if m != inp.model.offset_mode]
+    kinds: dict[str, str] = {}
+    for mode in modes:  # a latent cache has one step whatever the offset mode: run it once
+        kinds.setdefault(step_kind_for(probe, mode), mode)
+    return [(mode, kind) for kind, mode in kinds.items()]

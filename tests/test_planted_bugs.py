@@ -6,7 +6,8 @@ identity, masked garbage, cache rollback, block tables, fused biases, thread
 splits). None of them is one of ``fuelpipe.faults.Fault``: the gate has no
 switch for them. Each runs ``experiment=parity`` in-process on a tiny model,
 as a CI user's gate would, and must end with status ``failed`` (exit 1).
-The recorded run is ``experiments/planted_bugs_cpu/``.
+Bugs in the C++ kernels cannot be monkeypatched: ``tests/planted_kernels.py`` plants those in
+scratch copies of the tree. The recorded run is ``experiments/planted_bugs_cpu/``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from fuelpipe.plan.token_data import StepBuffers, compute_token_host
 from fuelpipe.plan.weights_identity import _TreeWatch
 from fuelpipe.rope import RopeSpec
 from fuelpipe.runner.job import run_job
+from planted_batch import BUGS as BATCH_BUGS
 
 pytestmark = pytest.mark.slow
 
@@ -206,6 +208,7 @@ BUGS = {
     "quantizer_sixteen_intervals": (quantizer_sixteen_intervals, ["model=llama_tiny", "weights.dtype=int4"]),
     "plan_key_without_threads": (plan_key_without_threads, ["model=llama_tiny"]),
     "plan_key_without_pass_sources": (plan_key_without_pass_sources, ["model=qwen3_tiny"]),
+    **BATCH_BUGS,  # seeded sampling, the batch symbol path, paged admission, free()'s block table
 }
 
 

@@ -176,7 +176,7 @@ class _Grid:
             x[at] = 3.0 if at % 2 else -3.0
             return x
         x = self.randn(BLOCK) * float(10.0 ** (self.randint(-2, 3, 1)))
-        if kind == "negative_max":  # the block's largest magnitude is negative, with positives just below it
+        if kind == "negative_max":  # the block's largest magnitude is a negative element; positives stay below it
             top = float(x.abs().max()) * 1.25
             x = x.clamp(-top * 0.7, top * 0.7)
             x[at] = -top

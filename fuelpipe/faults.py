@@ -42,3 +42,7 @@ class Fault(enum.Enum):
     # (a rotation among them: layer i runs on layer i+1's matrix), the class of a name mismatch between the
     # exported program and the package
     AOT_CONSTANTS_MISBOUND = "aot_constants_misbound"
+    # kernel_parity feeds each C++ kernel its input without its tail: the linear kernels' activations with the last
+    # 32-element block zeroed, slot attention's mask hiding every row's last slot (the class of a kernel that
+    # drops an odd tail block or never reads a full row's last slot)
+    KERNEL_TAIL_DROPPED = "kernel_tail_dropped"

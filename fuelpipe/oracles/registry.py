@@ -21,6 +21,7 @@ from fuelpipe.oracles import (
     batch_vs_solo,
     cache_lifecycle,
     config_variants,
+    kernel_parity,
     key_sensitivity,
     kv_sharing,
     plan_accounting,
@@ -40,6 +41,7 @@ class Tolerance(enum.Enum):
     BIT_EXACT = "bit-exact"  # torch.equal; recorded tolerance 0.0
     MAX_ABS = "max-abs"  # max abs error within a per-dtype tolerance from the config
     COUNTS = "counts"  # builds / rebinds / validity verdicts; no numeric tolerance
+    DERIVED = "derived"  # per output, a bound derived from the kernel's arithmetic (stated by the oracle)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ BUILTIN_ORACLES = (
     _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
     _builtin("plan_cache", plan_cache.run, Tolerance.MAX_ABS, Fault.PLAN_CACHE_IGNORES_WEIGHTS),
     _builtin("quant_quality", quant_quality.run, Tolerance.COUNTS, Fault.QUANT_WRONG_SCALE),
+    _builtin("kernel_parity", kernel_parity.run, Tolerance.DERIVED, Fault.KERNEL_TAIL_DROPPED),
 )
 ORACLES: Registry[OracleSpec] = Registry("fuelpipe.oracles", "oracle", OracleSpec)
 

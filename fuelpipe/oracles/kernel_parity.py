@@ -1,0 +1,361 @@
+"""kernel_parity: every C++ operator the engine can use, against its readable reference, at its own tolerance.
+
+The decode oracles compare whole logits at a tolerance sized for the loosest
+path (1e-3 of the logit scale with 16-bit activations), on tiny models whose
+shapes never reach a kernel's edges. This oracle calls each operator of
+``torch.ops.fuelpipe_kernels`` directly on a grid of edge shapes and compares
+every output element with the readable statement of what it computes:
+
+* ``q8_gemv`` / ``q4_gemv`` / ``bf16_gemv``: ``F.linear(x, formats.dequantize(w), bias)``;
+* ``q8_gemv_a16`` / ``q4_gemv_a16``: ``F.linear(formats.round_trip_activations(x), formats.dequantize(w), bias)``;
+* ``f32_rows_linear`` / ``f32_rows_chain_linear`` / ``f32_panel_linear``: ``F.linear(x, w, bias)``
+  (a fused list of parts is their concatenation; panels are ``plan.panels.pack_panels``);
+* ``slot_attention``: ``fuelpipe.kv.slot_attention.slot_attention`` (the readable form).
+
+The references run in float64 on the same f32 inputs, so their own error is
+negligible; each output's bound comes from the kernel's arithmetic (u = 2^-24,
+the f32 unit roundoff; first order in u):
+
+* f32 activations, f32 accumulation in any order, any vector path (the scalar
+  path is one sequential chain over k): ``(K + 8) u (|x| @ |w|^T + |bias|)``, where
+  ``|w|`` of a low-bit weight is ``|code * scale| + |min|`` (its terms as summed).
+* 16-bit activations: the kernel and the reference share the integer part (the
+  same f32 step ``max|x| / 32767`` and the same half-even codes), and a block's
+  products sum exactly in int32, so only the per-block scaling and the sum over
+  blocks round: ``(K / 32 + 8) u (|x_hat| @ |w|^T + |bias|)``, x_hat the round-tripped
+  activations. Probe weights (one nonzero code per row) make each output one
+  activation code times one weight, so a code off by one anywhere moves that
+  output by at least 1/32767 of it, against a bound of about 10 u (~6e-7).
+* slot attention: a score's error is at most ``E = (D + 2) u scale sum|q k| + u |s|``;
+  through the softmax and the weighted sum over the n attended slots the
+  output's error is at most ``(4 E + (2 n + 8) u) max_j |v_j|``.
+
+The grid is built for the classes of bug, not for one: block counts odd and
+even (K = 32, 96, 160 and the model's own in_features and one block either
+side), output counts off every unroll (1, 3, 17, ...), one and several rows,
+group sizes 32 and 64, f16 and f32 scales, with and without bias; for the
+16-bit path, activation blocks with a single spike, exact ties at half a code,
+all zeros, and a negative maximum; slot attention with rows filled to their
+capacity, rows with one live slot, several slots, grouped KV heads, T = 1 and
+T > 1, and NaN in every slot no query may attend. Inputs come from a seeded
+generator. The metric reports the cases run, the worst error/bound ratio per
+kernel (passing needs every ratio <= 1) and the vector path the kernels took.
+
+Negative control (``Fault.KERNEL_TAIL_DROPPED``): each kernel is fed its input
+without its tail, the linear kernels' activations with the last 32-element
+block zeroed and slot attention's mask hiding each row's last slot; it must fail.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from fuelpipe.faults import Fault
+from fuelpipe.kv import slot_attention as readable_attention
+from fuelpipe.oracles.base import OracleInput, OracleResult, skipped
+from fuelpipe.plan.panels import pack_panels
+from fuelpipe.quant import formats
+from fuelpipe.quant.formats import BLOCK, PackedWeight, QuantKind
+
+NAME = "kernel_parity"
+U = 2.0 ** -24  # f32 unit roundoff
+SEED = 34
+BASE_K = (32, 96, 160)  # 1, 3 and 5 blocks: odd block counts, which no tiny model has
+WIDE_K = (64, 192)  # group size 64 needs K a multiple of 64: 1 and 3 groups
+F32_K = (1, 7, 9, 33)  # below and across every 8- and 16-wide vector step
+# (rows M, outputs N, bias): decode (the fused M == 1 paths), a batch, and more rows than one tile holds, times
+# output counts off every unroll and parallel grain; each with and without a bias somewhere.
+SHAPES = ((1, 1, False), (1, 17, True), (3, 3, True), (3, 17, False))
+F32_SHAPES = SHAPES + ((7, 17, True),)
+TIE_STEP = 2.0 ** -10  # ties block: max|x| = 32767 * 2^-10, so the step is exactly 2^-10
+BLOCK_KINDS = ("normal", "spike", "ties", "zero", "negative_max")
+
+
+@dataclass
+class _Tally:
+    """Per kernel: cases run and the worst error/bound ratio; the first failing case of each kernel.
+
+    ``check`` records a kernel's output and how to compute its reference; ``settle`` computes the references
+    afterwards on one thread: the kernels run at the run's thread count, while float64 references of tiny
+    shapes only lose time to a thread pool (measured: 0.7 s on one thread against 5 s on two busy cores)."""
+
+    cases: dict[str, int] = field(default_factory=dict)
+    worst: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    pending: list = field(default_factory=list)
+
+    def check(self, kernel: str, label: str, got: torch.Tensor, reference: Callable[..., tuple], *args) -> None:
+        """``reference(*args)`` -> (want, bound), both float64 shaped like ``got``."""
+        self.pending.append((kernel, label, got, reference, args))
+
+    def settle(self) -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for kernel, label, got, reference, args in self.pending:
+                self._compare(kernel, label, got, *reference(*args))
+        finally:
+            torch.set_num_threads(before)
+        self.pending.clear()
+
+    def _compare(self, kernel: str, label: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> None:
+        err = (got.double() - want).abs()
+        # NaN anywhere (got or want) is an infinite ratio; a zero bound allows only an exact match.
+        ratio = torch.where(err > 0, err / bound.clamp_min(1e-300), torch.zeros_like(err))
+        ratio = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), ratio)
+        worst = float(ratio.max()) if ratio.numel() else 0.0
+        self.cases[kernel] = self.cases.get(kernel, 0) + 1
+        self.worst[kernel] = max(self.worst.get(kernel, 0.0), worst)
+        if worst > 1.0 and kernel not in self.failures:
+            i = int(ratio.flatten().argmax())
+            self.failures[kernel] = (f"{kernel} {label}: error {float(err.flatten()[i]):.3g} at flat index {i} "
+                                     f"is {worst:.3g}x its bound {float(bound.flatten()[i]):.3g}")
+
+
+def _linear_reference(x: torch.Tensor, w: torch.Tensor, w_abs: torch.Tensor, bias: Optional[torch.Tensor],
+                      chain: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.linear in float64, its bound ``(chain + 8) u (|x| @ |w|^T + |bias|)``: f32 accumulation with
+    ``chain`` roundings in a row, in any order)."""
+    b64 = None if bias is None else bias.double()
+    mag = F.linear(x.double().abs(), w_abs, None if b64 is None else b64.abs())
+    return F.linear(x.double(), w.double(), b64), (chain + 8) * U * mag
+
+
+def _quant_reference(x: torch.Tensor, p: PackedWeight, w_abs: torch.Tensor, bias: Optional[torch.Tensor], a16: bool):
+    """The readable low-bit product: dequantized weights, and round-tripped activations on the 16-bit path."""
+    if a16:
+        return _linear_reference(formats.round_trip_activations(x), formats.dequantize(p), w_abs, bias,
+                                 x.shape[-1] // BLOCK)
+    return _linear_reference(x, formats.dequantize(p), w_abs, bias, x.shape[-1])
+
+
+def _dropped_tail(x: torch.Tensor) -> torch.Tensor:
+    """The negative control's input: the activations without their last 32-element block (zeroed)."""
+    out = x.clone()
+    out[..., -min(BLOCK, x.shape[-1]):] = 0.0
+    return out
+
+
+class _Grid:
+    """Seeded inputs, the fault, and the tally shared by every kernel's cases."""
+
+    def __init__(self, fault: Fault) -> None:
+        self.gen = torch.Generator().manual_seed(SEED)
+        self.feed: Callable[[torch.Tensor], torch.Tensor] = (
+            _dropped_tail if fault is Fault.KERNEL_TAIL_DROPPED else (lambda x: x))
+        self.hide_last_slot = fault is Fault.KERNEL_TAIL_DROPPED
+        self.tally = _Tally()
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen)
+
+    def randint(self, lo: int, hi: int, *shape: int) -> torch.Tensor:
+        return torch.randint(lo, hi, shape, generator=self.gen)
+
+    def bias(self, n: int, with_bias: bool) -> Optional[torch.Tensor]:
+        return self.randn(n) if with_bias else None
+
+    # ---- activations ----------------------------------------------------------------------------
+
+    def block(self, kind: str) -> torch.Tensor:
+        """One 32-element activation block of the given kind (see ``BLOCK_KINDS``)."""
+        at = int(self.randint(0, BLOCK, 1))
+        if kind == "zero":
+            return torch.zeros(BLOCK)
+        if kind == "ties":  # every element but the maximum sits exactly half-way between two codes
+            codes = self.randint(-20000, 20000, BLOCK).double()
+            x = ((codes + 0.5) * TIE_STEP).float()
+            x[at] = (1.0 if at % 2 else -1.0) * 32767 * TIE_STEP
+            return x
+        if kind == "spike":  # one large element; the rest far below it
+            x = 1e-3 * self.randn(BLOCK)
+            x[at] = 3.0 if at % 2 else -3.0
+            return x
+        x = self.randn(BLOCK) * float(10.0 ** (self.randint(-2, 3, 1)))
+        if kind == "negative_max":  # the block's largest magnitude is a negative element; positives stay below it
+            top = float(x.abs().max()) * 1.25
+            x = x.clamp(-top * 0.7, top * 0.7)
+            x[at] = -top
+        return x
+
+    def activations(self, m: int, k: int) -> torch.Tensor:
+        """[m, k]: row r's block b of kind ``BLOCK_KINDS[(b + r) % 5]``, so every kind lands on every block
+        position (the last one included) across the rows; a row of fewer than 5 blocks still sees several kinds."""
+        rows = [torch.cat([self.block(BLOCK_KINDS[(b + r) % len(BLOCK_KINDS)]) for b in range(k // BLOCK)])
+                for r in range(m)]
+        return torch.stack(rows)
+
+    # ---- low-bit weights, built from codes (not quantized from floats: every code value is reachable) ----
+
+    def packed(self, kind: QuantKind, n: int, k: int, g: int, sdtype: torch.dtype, probe: bool = False):
+        """(PackedWeight, |w| [n, k] f64 as the kernel sums it). ``probe``: row i has one nonzero code, at k = i."""
+        scales = (0.001 + 0.02 * torch.rand(n, k // g, generator=self.gen)).to(sdtype)
+        s = scales.double().repeat_interleave(g, dim=-1)
+        if kind is QuantKind.int8:
+            codes = self.randint(-127, 128, n, k)
+            if probe:
+                sign = self.randint(0, 2, n) * 2 - 1
+                codes = torch.diag_embed(sign * self.randint(64, 128, n))[:, :k]
+            p = PackedWeight(kind, codes.to(torch.int8).contiguous(), scales.contiguous())
+            return p, codes.double().abs() * s
+        codes = torch.eye(n, k, dtype=torch.long) * 15 if probe else self.randint(0, 16, n, k)
+        mins = torch.zeros_like(scales) if probe else (-8 * torch.rand(n, k // g, generator=self.gen) * 0.02).to(sdtype)
+        p = PackedWeight(kind, formats.pack_int4(codes), scales.contiguous(), mins.contiguous())
+        return p, codes.double() * s + mins.double().abs().repeat_interleave(g, dim=-1)
+
+
+def _quant_call(ops, kind: QuantKind, a16: bool, x: torch.Tensor, p: PackedWeight, bias):
+    if kind is QuantKind.int8:
+        return (ops.q8_gemv_a16 if a16 else ops.q8_gemv)(x, p.q, p.scales, bias)
+    return (ops.q4_gemv_a16 if a16 else ops.q4_gemv)(x, p.q, p.scales, p.mins, bias)
+
+
+def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
+    """q8/q4, f32 and 16-bit activations: every K x group x scale dtype x kind, over ``SHAPES``, then a probe."""
+    for k, g, sdtype, kind in itertools.product(ks, (32, 64), (torch.float16, torch.float32),
+                                                (QuantKind.int8, QuantKind.int4)):
+        if k % g:
+            continue
+        op = "q8_gemv" if kind is QuantKind.int8 else "q4_gemv"
+        label = f"K={k} G={g} scales={str(sdtype)[6:]}"
+        for m, n, with_bias in SHAPES:
+            p, w_abs = grid.packed(kind, n, k, g, sdtype)
+            bias = grid.bias(n, with_bias)
+            for a16 in (False, True):
+                x = grid.activations(m, k) if a16 else grid.randn(m, k)
+                grid.tally.check(f"{op}_a16" if a16 else op, f"{label} N={n} M={m} bias={with_bias}",
+                                 _quant_call(ops, kind, a16, grid.feed(x), p, bias),
+                                 _quant_reference, x, p, w_abs, bias, a16)
+        # Probe: one code per output, so each output is one activation code times one weight.
+        p, w_abs = grid.packed(kind, k, k, g, sdtype, probe=True)
+        x = grid.activations(3, k)
+        grid.tally.check(f"{op}_a16", f"probe {label}", _quant_call(ops, kind, True, grid.feed(x), p, None),
+                         _quant_reference, x, p, w_abs, None, True)
+
+
+def _f32_cases(grid: _Grid, ops, ks: list[int]) -> None:
+    """bf16 weights, row-major f32 (one part, fused parts, a column block of a wider matrix) and panels."""
+    for k, (m, n, with_bias) in itertools.product(ks, F32_SHAPES):
+        label = f"K={k} N={n} M={m} bias={with_bias}"
+        x = grid.randn(m, k)
+        bias = grid.bias(n, with_bias)
+        w = grid.randn(n, k).to(torch.bfloat16)
+        grid.tally.check("bf16_gemv", label, ops.bf16_gemv(grid.feed(x), w, bias),
+                         _linear_reference, x, w, w.double().abs(), bias, k)
+        w = grid.randn(n, k)
+        grid.tally.check("f32_panel_linear", label, ops.f32_panel_linear(grid.feed(x), pack_panels(w), n, bias),
+                         _linear_reference, x, w, w.double().abs(), bias, k)
+        wide = grid.randn(n + 5, k + 3)  # parts: [n, k] block of a wider matrix, then two fused siblings
+        parts = [wide[:n, :k], grid.randn(3, k), grid.randn(2, k)]
+        whole = torch.cat(parts)
+        fused_bias = grid.bias(n + 5, with_bias)
+        for op in ("f32_rows_linear", "f32_rows_chain_linear"):
+            grid.tally.check(op, label, getattr(ops, op)(grid.feed(x), parts, fused_bias),
+                             _linear_reference, x, whole, whole.double().abs(), fused_bias, k)
+
+
+def _slot_shapes(inp: OracleInput) -> list[tuple[int, int, int, int, int, int]]:
+    """(rows B, heads H, KV heads Hkv, queries T, head dim D, capacity S): the model's own, then edges."""
+    d = inp.model.dims
+    own = (3, d.n_heads, d.n_kv_heads, 1, d.head_dim, inp.max_seq_len)
+    return [own, own[:3] + (4,) + own[4:], (3, 4, 1, 1, 12, 5), (2, 2, 2, 1, 8, 1), (4, 6, 2, 3, 20, 9)]
+
+
+def _slot_mask(grid: _Grid, b: int, t: int, s: int) -> torch.Tensor:
+    """[b, 1, t, s] additive: row 0 full to capacity (causal over its t queries), row 1 one live slot (the last),
+    row 2 one live slot (the first), further rows a random prefix with a few finite biases."""
+    neg = float("-inf")
+    mask = torch.full((b, 1, t, s), neg)
+    for row in range(b):
+        for q in range(t):
+            if row == 0:
+                mask[row, 0, q, :s - t + q + 1] = 0.0
+            elif row in (1, 2):
+                mask[row, 0, q, s - 1 if row == 1 else 0] = 0.0
+            else:
+                live = min(s, int(grid.randint(1, s + 1, 1)) + q)
+                mask[row, 0, q, :live] = -0.5 * torch.rand(live, generator=grid.gen)
+    return mask
+
+
+def _attention_bound(q, k_rows, v_rows, mask, scale: float) -> torch.Tensor:
+    """Per output element [B, H, T, Dv]: (4 E + (2 n + 8) u) max_j |v_j| over the attended slots j."""
+    live = mask != float("-inf")  # [B, 1, T, S]
+    group = q.shape[1] // k_rows.shape[1]
+    k_rows = k_rows.repeat_interleave(group, dim=1)  # [B, H, S, D]
+    v_rows = v_rows.repeat_interleave(group, dim=1)
+    dots = torch.einsum("bhtd,bhsd->bhts", q.abs(), k_rows.abs()) * scale  # sum |q k|, scaled
+    scores = torch.einsum("bhtd,bhsd->bhts", q, k_rows) * scale + torch.where(live, mask, 0.0)
+    e = (q.shape[-1] + 2) * U * dots + U * scores.abs()
+    e = torch.where(live, e, 0.0).amax(-1, keepdim=True)  # [B, H, T, 1]
+    n = live.sum(-1, keepdim=True)  # [B, 1, T, 1]
+    v_max = torch.where(live[..., None], v_rows[:, :, None].abs(), 0.0).amax(-2)  # [B, H, T, Dv]
+    return (4 * e + (2 * n + 8) * U) * v_max
+
+
+def _slot_cases(grid: _Grid, ops, inp: OracleInput) -> None:
+    for b, h, hkv, t, d, s in _slot_shapes(inp):
+        n_slots = b + 1  # one slot no row reads: NaN throughout
+        q = grid.randn(b, h, t, d)
+        k_buf, v_buf = grid.randn(n_slots, hkv, s, d), grid.randn(n_slots, hkv, s, d)
+        slot_ids = torch.randperm(n_slots, generator=grid.gen)[:b]
+        mask = _slot_mask(grid, b, t, s)
+        dead = ~(mask != float("-inf")).any(dim=2)  # [B, 1, S]: no query of the row attends
+        unused = [i for i in range(n_slots) if i not in slot_ids.tolist()]
+        for buf in (k_buf, v_buf):
+            buf[unused] = float("nan")
+            for row in range(b):
+                buf[slot_ids[row], :, dead[row, 0]] = float("nan")
+        scale = d ** -0.5
+        fed = mask.clone()
+        if grid.hide_last_slot:
+            fed[..., -1] = float("-inf")
+        got = ops.slot_attention(q, k_buf, v_buf, slot_ids, fed, scale)
+        grid.tally.check("slot_attention", f"B={b} H={h} Hkv={hkv} T={t} D={d} S={s}", got,
+                         _slot_reference, q, k_buf, v_buf, slot_ids, mask, scale)
+
+
+def _slot_reference(q, k_buf, v_buf, slot_ids, mask, scale: float):
+    """The readable form in float64, and its bound from the attended slots' keys and values."""
+    want = readable_attention.slot_attention(q.double(), k_buf.double(), v_buf.double(), slot_ids, mask.double(), scale)
+    dead = ~(mask != float("-inf")).any(dim=2, keepdim=True).transpose(-1, -2)  # [B, 1, S, 1]
+    keys = torch.where(dead, 0.0, k_buf.index_select(0, slot_ids).double())  # [B, Hkv, S, D]
+    values = torch.where(dead, 0.0, v_buf.index_select(0, slot_ids).double())
+    return want, _attention_bound(q.double(), keys, values, mask.double(), scale)
+
+
+def _model_in_features(model) -> set[int]:
+    return {int(m.in_features) for m in model.modules() if isinstance(getattr(m, "in_features", None), int)}
+
+
+def run(inp: OracleInput) -> OracleResult:
+    from fuelpipe.kernels.build import KernelBuildError, load, vector_path
+
+    try:
+        load()
+    except KernelBuildError as err:
+        return skipped(NAME, f"the kernels could not be built here: {err}")
+    ops = torch.ops.fuelpipe_kernels
+    own = _model_in_features(inp.model)
+    quant_k = sorted(set(BASE_K) | set(WIDE_K) | {k + dk for k in own if k % BLOCK == 0 for dk in (-BLOCK, 0, BLOCK)
+                                                   if k + dk > 0})
+    f32_k = sorted(set(F32_K) | set(BASE_K) | {k + dk for k in own for dk in (-1, 0, 1) if k + dk > 0})
+    grid = _Grid(inp.fault)
+    with torch.no_grad():
+        _quant_cases(grid, ops, quant_k)
+        _f32_cases(grid, ops, f32_k)
+        _slot_cases(grid, ops, inp)
+        grid.tally.settle()
+    tally = grid.tally
+    metric = {"cases": sum(tally.cases.values()), "vector_path": vector_path(),
+              "worst_ratio": {k: float(f"{v:.3g}") for k, v in tally.worst.items()},
+              "quant_k": quant_k, "f32_k": f32_k}
+    detail = ("error/bound ratio <= 1 per output, bounds derived from each kernel's arithmetic "
+              f"(module docstring); {metric['cases']} cases on the {metric['vector_path']} path")
+    if tally.failures:
+        detail = "failed: " + "; ".join(tally.failures.values()) + f"; {detail}"
+    return OracleResult(name=NAME, passed=not tally.failures, metric=metric, tolerance=None, detail=detail)

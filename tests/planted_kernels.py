@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from planted_record import record
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +100,8 @@ def test_planted_kernel_bug_fails_the_gate(tmp_path, name):
     proc, doc, seconds = run_gate(root, tmp_path, overrides)
     failed = failed_oracles(doc)
     print(f"{name}: exit {proc.returncode} in {seconds:.0f} s, failed {failed}")
+    record(name, ["model=llama_tiny", *overrides, "experiment=parity", f"(scratch copy: {file})"], failed, doc["status"],
+           seconds=round(seconds))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "kernel_parity" in failed, (failed, proc.stdout[-3000:])
     assert doc["status"] == "failed"

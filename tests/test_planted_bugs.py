@@ -12,9 +12,7 @@ scratch copies of the tree. The recorded run is ``experiments/planted_bugs_cpu/`
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +29,7 @@ from fuelpipe.plan.weights_identity import _TreeWatch
 from fuelpipe.rope import RopeSpec
 from fuelpipe.runner.job import run_job
 from planted_batch import BUGS as BATCH_BUGS
+from planted_record import record
 
 pytestmark = pytest.mark.slow
 
@@ -222,12 +221,5 @@ def test_parity_gate_fails_on_planted_bug(compose_cfg, monkeypatch, name):
     plant(monkeypatch)
     doc = run_job(cfg)
     caught = [o["name"] for o in doc["oracles"] if not o["passed"] and not o.get("skipped")]
-    _record(name, overrides, caught, doc["status"])
+    record(name, [*overrides, "experiment=parity"], caught, doc["status"])
     assert doc["status"] == "failed" and caught, f"{name} slipped through the gate"
-
-
-def _record(name, overrides, caught, status):
-    out = os.environ.get("FUELPIPE_PLANTED_RECORD")
-    if out:
-        with Path(out).open("a") as f:
-            f.write(json.dumps({"bug": name, "gate": overrides, "status": status, "caught_by": caught}) + "\n")

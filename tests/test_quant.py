@@ -154,6 +154,23 @@ def test_activation_form_resolves_per_kind_and_refuses_int16_without_integer_wei
         QuantSpec(QuantKind.bf16, 32, "int16")
 
 
+@pytest.mark.parametrize("args, key, bad", [
+    (("int3",), "weights.dtype", "'int3'"),
+    ((QuantKind.int8, 32, "int12"), "weights.activations", "'int12'"),
+    ((QuantKind.int8, "32"), "weights.group_size", "'32'"),
+    ((QuantKind.int8, 48), "weights.group_size", "48"),
+])
+def test_a_bad_quant_spec_value_is_a_typed_error_naming_the_value_and_the_choices(args, key, bad):
+    with pytest.raises(ConfigError) as err:
+        QuantSpec(*args)
+    message = str(err.value)
+    assert key in message and bad in message
+    if key == "weights.dtype":  # an enum names every choice
+        assert all(k.value in message for k in QuantKind)
+    if key == "weights.activations":
+        assert all(a.value in message for a in ActivationForm)
+
+
 @pytest.mark.parametrize("activations,op", [("int16", "q4_gemv_a16"), ("f32", "q4_gemv")])
 def test_quantized_modules_call_the_kernel_of_their_activation_form(activations, op, monkeypatch):
     model = build_random_model("llama", "tiny", seed=0)

@@ -370,6 +370,40 @@ def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path)
     assert needle in r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_run_counts_its_packed_matrices_as_parameters_and_names_the_stored_form(kind, tmp_path):
+    """results.json ``model`` of a quantized run: as many parameters as the same model unquantized, held as
+    the kind asked for (the matrices are buffers, so counting ``parameters()`` alone left only the norms)."""
+    import json
+
+    from conftest import run_cli
+    from test_cli_sweep import LEAN
+
+    dense = build_random_model("llama", "tiny", seed=0)
+    want = sum(p.numel() for p in dense.parameters())
+    proc = run_cli(*LEAN, "backend=eager", "experiment.bench.enabled=false", f"weights.dtype={kind}",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["model"]["n_params"] == want, proc.stdout[-2000:]
+    assert doc["model"]["weights_form"].startswith(f"{kind}/g32/a16")
+    assert f"{want / 1e6:.2f}M params {kind}/g32/a16" in proc.stdout
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_load_report_of_a_quantized_checkpoint_names_its_stored_form(kind, tmp_path):
+    from fuelpipe.weights import load_model
+    from weights_helpers import write_llama_hf_dir
+
+    model = build_random_model("llama", "tiny", seed=0)
+    path = write_llama_hf_dir(tmp_path / "ckpt", model)
+    plain = load_model(path, with_tokenizer=False).report
+    packed = load_model(path, with_tokenizer=False, quant=QuantSpec(kind)).report
+    assert packed.n_params == plain.n_params == sum(p.numel() for p in model.parameters())
+    assert "as float32 (" in plain.summary()
+    assert f"params as {kind}/g32/a16" in packed.summary() and "as float32 (" not in packed.summary()
+    assert packed.weights_mb < plain.weights_mb
+
+
 def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
     """fuse_sibling_linears on a quantized model: q/k/v and gate/up become one kernel call each."""
     import torch.fx as fx

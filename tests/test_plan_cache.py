@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.plan.plan_store import PAYLOAD
 from fuelpipe.results import read_results
 
 ONLY_PLAN_VS_REPLAN = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n != "plan_vs_replan"]
@@ -84,6 +85,33 @@ def test_the_cli_reports_compile_and_cache_hits_in_results_and_the_sweep_report(
     row = (tmp_path / "report" / "report.csv").read_text().splitlines()[1]
     assert "plan_compile_ms" in header and "plan_cache" in header
     assert f"{second['hits']} hit / {second['hits']}" in row
+
+
+@pytest.mark.slow
+def test_a_corrupt_entry_found_by_an_oracles_build_is_counted_and_reported_for_the_job(tmp_path):
+    """The oracle builds first and rebuilds the corrupt entry, so the benchmark hits; the job still says it."""
+    cache = tmp_path / "plans"
+    first = run_cli(*LEAN, *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}",
+                    cwd=tmp_path, timeout=400)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    payloads = sorted(cache.rglob(PAYLOAD))
+    assert payloads
+    for path in payloads:  # one flipped byte in every stored plan
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    proc = run_cli(*LEAN, *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={cache}", f"hydra.run.dir={tmp_path / 'b'}",
+                   cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = read_results(tmp_path / "b" / "results.json")
+    job = doc["plan_cache"]
+    assert job["statuses"].get("corrupt") == len(payloads), job
+    assert job["builds"] == job["hits"] + job["misses"] >= doc["bench"]["plan_builds"]
+    assert len(job["rebuilt"]) == len(payloads) and all("sha256" in r for r in job["rebuilt"])
+    assert doc["bench"]["plan_cache"]["statuses"].get("corrupt") is None  # the benchmark's own builds hit
+    assert f"({len(payloads)} corrupt entry rebuilt)" in proc.stdout
+    report = run_cli("report", str(tmp_path / "b"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert f"({len(payloads)} corrupt)" in report.stdout
 
 
 @pytest.mark.parametrize("overrides, says", [

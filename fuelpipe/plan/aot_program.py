@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fuelpipe.errors import PlanError
+from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.plan_cache_key import content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
@@ -100,6 +101,11 @@ class CachedAotStep(_BuiltOnFirstCall):
     passes_applied: dict = field(default_factory=dict)
 
     def _realize(self, args: tuple) -> Callable:
+        run = self._load_or_compile(args)
+        cache_ledger.record(self.spec_cache.dir, self.event.record())  # the job's account of every cached build
+        return run
+
+    def _load_or_compile(self, args: tuple) -> Callable:
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
         t0 = time.perf_counter()
         raw = trace_leaves_unregistered(self.step)

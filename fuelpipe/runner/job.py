@@ -13,6 +13,7 @@ from fuelpipe.config.validate import resolve_device, validate
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
 from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
+from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.allocator import return_large_frees_to_os
@@ -58,6 +59,7 @@ def run_job(
 
 def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
     asm = request = None
+    ledger_start = cache_ledger.mark()  # the job's cached plan builds are those recorded after this
     allocator = return_large_frees_to_os()  # before anything large is allocated (fuelpipe.allocator)
     phases = PhasePeaks()  # resident memory per phase: load, prefill, first decode (plan build), decode, checks
     phases.start("load")
@@ -113,6 +115,9 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
         reasons=uncaught_faults(oracles)
     )
     doc["model"] = asm.model_record
+    if cfg.backend.plan_cache.dir is not None and BACKENDS.get(cfg.backend.name).stores_plans:
+        # every cached build of the job (generation, oracles, benchmark), not the benchmark's alone
+        doc["plan_cache"] = cache_ledger.summary_since(ledger_start, cfg.backend.plan_cache.dir)
     doc["generation"] = generation
     doc.update(sections)
     doc["load"] = asm.load or None

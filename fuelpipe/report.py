@@ -136,7 +136,7 @@ def write_csv(table: list[dict[str, Any]], path: Path) -> None:
 
 
 STATUS_COLORS = {"ok": "#2e7d32", "failed": "#c62828", "skipped": "#9e9e9e", "config_error": "#9e9e9e",
-                 "error": "#6a1b9a"}
+                 "error": "#6a1b9a", "crashed": "#000000", "interrupted": "#f9a825", "uncaught": "#ef6c00"}
 
 
 def plot(table: list[dict[str, Any]], path: Path) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import ROOT, run_cli
 from fuelpipe.oracles.registry import ORACLES
-from fuelpipe.plan.plan_store import PAYLOAD
+from fuelpipe.plan.plan_store import META, PAYLOAD
 from fuelpipe.results import read_results
 
 ONLY_PLAN_VS_REPLAN = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n != "plan_vs_replan"]
@@ -112,6 +113,28 @@ def test_a_corrupt_entry_found_by_an_oracles_build_is_counted_and_reported_for_t
     assert f"({len(payloads)} corrupt entry rebuilt)" in proc.stdout
     report = run_cli("report", str(tmp_path / "b"), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert f"({len(payloads)} corrupt)" in report.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_plan_is_being_compiled_leaves_nothing_half_written_in_the_cache(tmp_path):
+    """SIGINT lands during the AOT compile of the first decode step: exit 130, and the folder holds only
+    whole entries (no staging folder left behind)."""
+    from models.registry import build_random_model
+    from test_cli_interrupt import Cli, check_clean_stop
+    from weights_helpers import write_llama_gguf
+
+    gguf = write_llama_gguf(tmp_path / "tiny.gguf", build_random_model("llama", "tiny", seed=5))
+    cache = tmp_path / "plans"
+    cli = Cli("model=llama_tiny", "model.weights=gguf", f"model.path={gguf}", "experiment=generate",
+              "backend=inductor", "backend.threads=1", f"backend.plan_cache.dir={cache}", "max_new_tokens=8",
+              f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    cli.wait_for("plan cache: compiling entry", timeout=300)
+    time.sleep(2.0)  # inside the compile
+    check_clean_stop(cli, cli.ctrl_c(timeout=300))
+    assert read_results(tmp_path / "run" / "results.json")["status"] == "interrupted"
+    entries = [p for p in (cache / "v1").iterdir() if p.name != ".tmp"]
+    assert all(sorted(q.name for q in e.iterdir()) == [META, PAYLOAD] for e in entries), entries
+    assert not (cache / "v1" / ".tmp").exists() or list((cache / "v1" / ".tmp").iterdir()) == []
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -23,6 +23,7 @@ stores and loads exactly as the inductor backend does.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.plan_cache_key import content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
 from fuelpipe.step import SYMBOLIC_KINDS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,6 +132,7 @@ class CachedAotStep(_BuiltOnFirstCall):
                 ev.status, ev.detail = "corrupt", f"load failed: {type(err).__name__}: {err}"
                 store.discard(found.path.parent)
         t2 = time.perf_counter()
+        log.info("plan cache: compiling entry %s into %s (%s)", digest[:16], self.spec_cache.dir, ev.status)
         gm, applied = self.trace(self.step, self.passes)
         self.passes_applied.update(applied)
         path, ev.published = store.store(digest, fields, lambda out: _compile(gm, args, out),

@@ -36,6 +36,9 @@ def render(doc: dict[str, Any]) -> str:
             f"prompts {1000.0 * gen.get('prefill_s', 0.0):.0f} ms in {gen.get('prefill_calls', '?')} packed call(s); "
             f"KV {bt['kv_bytes_per_row'] / 2**20:.1f} MiB per row"
         )
+    elif gen and gen.get("interrupted"):
+        lines.append(f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt, then interrupted "
+                     f"(Ctrl-C): the text so far is in results.json generation.text")
     elif gen:
         speed = (f"decode {gen['ms_per_token']:.1f} ms/token ({gen['tokens_per_s']:.1f} tokens/s, median of "
                  f"{gen.get('steady_steps', '?')} steady steps)" if gen.get("tokens_per_s") else "decode -")

@@ -60,7 +60,8 @@ class Cli:
     def wait_for(self, text: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.stdout:
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} first: {self.stdout[-2000:]}{self.stderr[-3000:]}"
+            assert self.proc.poll() is None, (f"exited {self.proc.returncode} first: "
+                                              f"{self.stdout[-2000:]}{self.stderr[-3000:]}")
             assert time.monotonic() < deadline, f"no {text!r} after {timeout} s: {self.stdout[-2000:]}"
             time.sleep(0.1)
 

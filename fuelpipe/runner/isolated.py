@@ -33,8 +33,6 @@ STOP_GRACE_S = 30.0
 INTERRUPTED_EXIT = 130
 _PR_SET_PDEATHSIG = 1
 
-log = logging.getLogger(__name__)
-
 
 def run_isolated(cfg: DictConfig, output_dir: Path, *, overrides: Sequence[str] = (),
                  choices: Optional[Mapping[str, str]] = None, log_name: str = "fuelpipe") -> dict[str, Any]:

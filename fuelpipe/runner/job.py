@@ -13,7 +13,9 @@ from fuelpipe.bench.decode import run_decode_bench
 from fuelpipe.config.validate import resolve_device, validate
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
-from fuelpipe.results import CONFIG_ERROR, ERROR, INTERRUPTED, SKIPPED, env_info, results_doc, status_of, uncaught_faults
+from fuelpipe.results import (
+    CONFIG_ERROR, ERROR, INTERRUPTED, SKIPPED, env_info, results_doc, status_of, uncaught_faults,
+)
 from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.runner.assemble import assemble

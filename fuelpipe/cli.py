@@ -2,7 +2,8 @@
 
 Exit codes (the CI gate):
   0  every oracle passed (a sweep: every job that ran passed)
-  1  an oracle failed (a sweep: in any job)
+  1  an oracle failed (a sweep: in any job), or a job of a sweep crashed (status "crashed": its
+     process died of a signal, such as a native crash or the OOM killer; the other jobs ran on)
   2  configuration error, found before anything runs: a misspelled group
      option or key, an invalid combination, a checkpoint that cannot be
      loaded (truncated, a pickle, no or an invalid config.json, non-finite
@@ -14,7 +15,9 @@ Exit codes (the CI gate):
   4  a negative control was not caught: an oracle passed with its fault injected
      (status "uncaught"); the oracle cannot fail on this setup.
      A sweep exits 4 when any job's negative control was not caught, else 1 when any
-     job failed, else 3 when any job crashed.
+     job failed or crashed, else 3 when any job raised an internal error.
+  130 interrupted by SIGINT (Ctrl-C): the running job's results.json says "interrupted" and keeps
+     what it had done (the generated text so far, the oracles that finished); nothing else starts.
 """
 from __future__ import annotations
 
@@ -32,8 +35,10 @@ from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
 from fuelpipe.errors import ConfigError
 from fuelpipe.results import (
-    ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, RESULTS_FILE, SKIPPED, UNCAUGHT, read_results, write_results,
+    CRASHED, ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, INTERRUPTED, RESULTS_FILE, SKIPPED, UNCAUGHT,
+    read_results, write_results,
 )
+from fuelpipe.runner.isolated import run_isolated
 from fuelpipe.runner.job import run_job
 from fuelpipe.runner.table import render
 
@@ -69,24 +74,34 @@ def run(argv: list[str]) -> int:
         _hydra_main(argv)  # --help, --cfg job, --info ...: Hydra answers, nothing runs
         return 0
     key = "hydra.sweep.dir" if pre.multirun else "hydra.run.dir"
+    out = Path(pre.output_dir)
     try:
         _hydra_main(argv + [f"{key}={_quoted(pre.output_dir)}"])  # pinned: the run writes where we will read
+    except KeyboardInterrupt:
+        return _interrupted(out, pre.multirun)
     except SystemExit as exit_:  # Hydra reports an exception escaping the task (printed above) with exit 1
         if exit_.code not in (None, 0):
             print(f"fuelpipe: internal error: the run stopped with exit {exit_.code} (see the error above)",
                   file=sys.stderr)
+            if pre.multirun:  # what the jobs that did report wrote is still worth a table
+                _sweep_exit(out)
             return INTERNAL_ERROR_EXIT
-    out = Path(pre.output_dir)
     return _sweep_exit(out) if pre.multirun else _single_exit(out)
 
 
 def _task(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
     choices = {group: hc.runtime.choices[group] for group in CONFIG_GROUPS if group in hc.runtime.choices}
-    doc = run_job(cfg, sweep=hc.mode == RunMode.MULTIRUN, overrides=list(hc.overrides.task), choices=choices)
-    path = write_results(Path(hc.runtime.output_dir), doc)
-    print(render(doc))
-    print(f"results: {path}")
+    out, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
+    if hc.mode == RunMode.MULTIRUN:  # in a process of its own, which writes and prints; a crash is recorded here
+        doc = run_isolated(cfg, out, overrides=overrides, choices=choices, log_name=hc.job.name)
+    else:
+        doc = run_job(cfg, overrides=overrides, choices=choices)
+        path = write_results(out, doc)
+        print(render(doc))
+        print(f"results: {path}")
+    if doc["status"] == INTERRUPTED:
+        raise KeyboardInterrupt  # Ctrl-C: no further job starts
     return doc["status"]
 
 
@@ -118,9 +133,14 @@ def _sweep_exit(out: Path) -> int:
     statuses = [row["status"] for row in rows]
     print(f"sweep: {len(rows)} jobs, " + ", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))))
     print(f"report: fuelpipe report {out}")
+    for row in rows:
+        if row["status"] == CRASHED:
+            print(f"fuelpipe: sweep job {row['path']} {row['notes']}", file=sys.stderr)
+    if INTERRUPTED in statuses:
+        return EXIT_CODES[INTERRUPTED]
     if UNCAUGHT in statuses:
         return EXIT_CODES[UNCAUGHT]
-    if FAILED in statuses:
+    if FAILED in statuses or CRASHED in statuses:
         return EXIT_CODES[FAILED]
     if ERROR in statuses:
         print(f"fuelpipe: {statuses.count(ERROR)} job(s) of the sweep crashed (status error)", file=sys.stderr)
@@ -129,6 +149,16 @@ def _sweep_exit(out: Path) -> int:
         print("fuelpipe: every job of the sweep was skipped", file=sys.stderr)
         return CONFIG_EXIT
     return 0
+
+
+def _interrupted(out: Path, multirun: bool) -> int:
+    """Ctrl-C: no traceback; say where the partial results are (a sweep: its table so far); exit 130."""
+    if multirun and report.collect_rows(out):
+        _sweep_exit(out)
+    elif not multirun and (out / RESULTS_FILE).is_file():
+        print(f"results: {out / RESULTS_FILE}")
+    print(f"fuelpipe: interrupted (Ctrl-C); partial results marked \"{INTERRUPTED}\" under {out}", file=sys.stderr)
+    return EXIT_CODES[INTERRUPTED]
 
 
 def _quoted(value: str) -> str:

@@ -44,3 +44,13 @@ class InputError(FuelpipeError, ValueError):
 
 class NonFiniteLogitsError(FuelpipeError, ArithmeticError):
     """A step produced NaN or Inf logits; no token is sampled from them."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) stopped a phase of a run; ``partial`` holds the results sections it had produced.
+
+    A ``KeyboardInterrupt``, not a ``FuelpipeError``: nothing that handles errors may swallow a stop."""
+
+    def __init__(self, partial: dict) -> None:
+        super().__init__()
+        self.partial = partial

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from fuelpipe.plan.cache_ledger import REBUILT
 from fuelpipe.results import RESULTS_FILE, read_results, schema_problems
 
 COLUMNS = (
@@ -76,7 +77,7 @@ def rows(found: list[tuple[Path, dict[str, Any]]], root: Path) -> list[dict[str,
             "replan_over_plan_once": bench.get("replan_over_plan_once"),
             "plan_build_ms": bench.get("plan_build_ms"),
             "plan_compile_ms": (bench.get("plan_cache") or {}).get("compile_ms"),
-            "plan_cache": _cache_cell(bench.get("plan_cache")),
+            "plan_cache": _cache_cell(doc.get("plan_cache") or bench.get("plan_cache")),  # the job's, when it has one
             "tokens_per_s": bench.get("tokens_per_s"),
             "oracles_passed": f"{sum(bool(o['passed']) for o in oracles)}/{len(oracles)}",
             "notes": notes,
@@ -91,7 +92,7 @@ def _cache_cell(pc: Optional[dict]) -> str:
         return ""
     if pc.get("unused"):
         return "unused"
-    rebuilt = "".join(f" ({v} {k})" for k, v in (pc.get("statuses") or {}).items() if k in ("corrupt", "mismatch"))
+    rebuilt = "".join(f" ({v} {k})" for k, v in (pc.get("statuses") or {}).items() if k in REBUILT)
     return f"{pc['hits']} hit / {pc['hits'] + pc['misses']}{rebuilt}"
 
 
@@ -135,7 +136,7 @@ def write_csv(table: list[dict[str, Any]], path: Path) -> None:
 
 
 STATUS_COLORS = {"ok": "#2e7d32", "failed": "#c62828", "skipped": "#9e9e9e", "config_error": "#9e9e9e",
-                 "error": "#6a1b9a"}
+                 "error": "#6a1b9a", "crashed": "#000000", "interrupted": "#f9a825", "uncaught": "#ef6c00"}
 
 
 def plot(table: list[dict[str, Any]], path: Path) -> None:

@@ -23,9 +23,14 @@ RESULTS_FILE = "results.json"
 
 OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR = "ok", "failed", "skipped", "config_error", "error"
 UNCAUGHT = "uncaught"  # a negative control ran and its oracle still passed: the oracle cannot fail there
-STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR, UNCAUGHT)
-# The CI contract: 1 is a verdict (an oracle failed), 2 bad input, 3 a crash of fuelpipe itself.
-EXIT_CODES = {OK: 0, FAILED: 1, CONFIG_ERROR: 2, ERROR: 3, UNCAUGHT: 4}
+# A sweep job whose process died (a signal: a native crash, the OOM killer; or its worker was lost):
+# recorded by the process that watched it (fuelpipe.runner.isolated), with the signal in ``crash``.
+CRASHED = "crashed"
+INTERRUPTED = "interrupted"  # stopped by SIGINT (Ctrl-C): what ran before is recorded, the rest did not run
+STATUSES = (OK, FAILED, SKIPPED, CONFIG_ERROR, ERROR, UNCAUGHT, CRASHED, INTERRUPTED)
+# The CI contract: 1 is a verdict (an oracle failed, a sweep's job crashed), 2 bad input, 3 a crash of
+# fuelpipe itself (a Python exception), 130 stopped by Ctrl-C (the shell's 128 + SIGINT).
+EXIT_CODES = {OK: 0, FAILED: 1, CRASHED: 1, CONFIG_ERROR: 2, ERROR: 3, UNCAUGHT: 4, INTERRUPTED: 130}
 INTERNAL_ERROR_EXIT = EXIT_CODES[ERROR]
 
 # Top-level keys and their JSON types (None: JSON null allowed).
@@ -72,7 +77,8 @@ BENCH_KEYS = {
     "replan_over_plan_once": (float, int, type(None)),
     "cache_policy": (str,),
 }
-ERROR_KEYS = ("type", "message", "traceback")  # the ``error`` object of a crashed job
+ERROR_KEYS = ("type", "message", "traceback")  # the ``error`` object of a job that raised
+CRASH_KEYS = {"signal": (str, type(None)), "exit_code": (int, type(None)), "detail": (str,)}  # ``crash``
 ENV_KEYS = {
     "fuelpipe": (str,),
     "torch": (str,),
@@ -161,9 +167,12 @@ def git_hash() -> Optional[str]:
 def write_results(out_dir: Path, doc: dict[str, Any]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_json_safe(doc), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)  # a reader never sees half a file
+    tmp = path.with_name(f".{RESULTS_FILE}.{os.getpid()}.tmp")  # per process: a watcher and its job never share one
+    try:
+        tmp.write_text(json.dumps(_json_safe(doc), indent=2, allow_nan=False) + "\n")
+        os.replace(tmp, path)  # a reader never sees half a file
+    finally:
+        tmp.unlink(missing_ok=True)  # interrupted before the rename: no stray half file
     return path
 
 
@@ -190,7 +199,11 @@ def schema_problems(doc: Any) -> list[str]:
         problems += _check(doc["bench"], BENCH_KEYS, "bench.")
     if isinstance(doc.get("env"), dict):
         problems += _check(doc["env"], ENV_KEYS, "env.")
-    if doc.get("status") in (SKIPPED, CONFIG_ERROR, ERROR) and not doc.get("reasons"):
+    if doc.get("status") == CRASHED:
+        crash = doc.get("crash")
+        problems += _check(crash, CRASH_KEYS, "crash.") if isinstance(crash, dict) else [
+            "status 'crashed' needs a crash object (signal, exit_code, detail)"]
+    if doc.get("status") in (SKIPPED, CONFIG_ERROR, ERROR, CRASHED, INTERRUPTED) and not doc.get("reasons"):
         problems.append(f"status {doc.get('status')!r} needs at least one entry in reasons")
     if doc.get("status") == ERROR:
         error = doc.get("error")

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from fuelpipe.results import schema_problems
+from sweep_fault_helpers import CRASH_AXES, check_crash_sweep, docs_of, marked_processes, planted
 from test_cli_sweep import LEAN
 
 pytestmark = pytest.mark.slow
@@ -131,6 +132,10 @@ def ray_processes(temp_dir: str) -> list[str]:
 
 @pytest.fixture
 def ray_env(monkeypatch):
+    _ray_env(monkeypatch)
+
+
+def _ray_env(monkeypatch) -> None:
     """Ray installed, and the environment every Ray process of the test inherits: no usage stats, and
     token authentication with a token of the test's own (Ray's default reads ~/.ray/auth_token, and a
     driver joining a cluster started elsewhere may not know the cluster wants a token)."""
@@ -196,3 +201,48 @@ def test_submitit_local_sweep_runs_each_job_from_its_job_folder(tmp_path):
     for d in job_dirs:
         assert {p.name.split("_", 1)[1] for p in d.iterdir()} >= {"submitted.pkl", "0_result.pkl", "0_log.out"}
     assert "validated against ConfigStore schema" not in proc.stderr  # shadows none of the plugin's configs
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib_local", "submitit_localhost", "ray_cluster"])
+def test_a_job_killed_by_a_signal_is_its_status_under_every_launcher(tmp_path, monkeypatch, launcher):
+    """One job dies of SIGSEGV, one is valid, two are invalid: each is its own status, the sweep exits 1,
+    and nothing the sweep started (Ray's local instance included) outlives it."""
+    need(*{"submitit_localhost": ("submitit", "hydra_plugins.hydra_submitit_launcher"),
+           "ray_cluster": ("ray",)}.get(launcher, ()))
+    if launcher == "ray_cluster":
+        _ray_env(monkeypatch)
+    marker = planted(monkeypatch)
+    sweep = tmp_path / "sweep"
+    proc = run_cli("-m", f"hydra/launcher={launcher}", *CRASH_AXES, f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                   timeout=400)
+    check_crash_sweep(proc, sweep, marker, tmp_path)
+
+
+def test_a_ray_worker_lost_mid_job_is_that_jobs_status_and_the_others_run_on(tmp_path, monkeypatch):
+    """The job kills its watcher (the Ray worker) with SIGKILL, as an OOM kill of the worker would: the job's
+    process dies with it, Ray reports the task lost, and the launcher records it; the other jobs run on."""
+    _ray_env(monkeypatch)
+    marker = planted(monkeypatch)
+    sweep = tmp_path / "sweep"
+    proc = run_cli("-m", "hydra/launcher=ray_cluster", *CRASH_AXES, "experiment.planted_crash.signal=none,SIGKILL",
+                   "experiment.planted_crash.target=watcher", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    docs = docs_of(sweep)
+    assert sorted(d["status"] for d in docs) == ["crashed", "ok", "skipped", "skipped"]
+    lost = next(d for d in docs if d["status"] == "crashed")
+    assert "experiment.planted_crash.signal=SIGKILL" in lost["overrides"]
+    assert lost["crash"]["signal"] is None and "its worker died" in lost["reasons"][0]
+    assert "sweep: 4 jobs, crashed 1, ok 1, skipped 2" in proc.stdout
+    assert marked_processes(marker, sweep) == []
+
+
+def test_a_crash_on_a_joined_ray_cluster_is_that_jobs_status(tmp_path, monkeypatch):
+    _ray_env(monkeypatch)
+    marker = planted(monkeypatch)  # the head's workers import the planted stage too, as a cluster node would
+    sweep = tmp_path / "sweep"
+    with ray_head(tmp_path / "ray_head.log") as address:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        proc = run_cli("-m", "hydra/launcher=ray_cluster", "hydra.launcher.address=auto", *CRASH_AXES,
+                       f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+        assert not [p for p in marked_processes(marker, sweep) if "fuelpipe" in p]  # no job left on the cluster
+    check_crash_sweep(proc, sweep, marker, tmp_path)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import ROOT, run_cli
 from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.plan.plan_store import META, PAYLOAD
 from fuelpipe.results import read_results
 
 ONLY_PLAN_VS_REPLAN = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES if n != "plan_vs_replan"]
@@ -84,6 +86,55 @@ def test_the_cli_reports_compile_and_cache_hits_in_results_and_the_sweep_report(
     row = (tmp_path / "report" / "report.csv").read_text().splitlines()[1]
     assert "plan_compile_ms" in header and "plan_cache" in header
     assert f"{second['hits']} hit / {second['hits']}" in row
+
+
+@pytest.mark.slow
+def test_a_corrupt_entry_found_by_an_oracles_build_is_counted_and_reported_for_the_job(tmp_path):
+    """The oracle builds first and rebuilds the corrupt entry, so the benchmark hits; the job still says it."""
+    cache = tmp_path / "plans"
+    first = run_cli(*LEAN, *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}",
+                    cwd=tmp_path, timeout=400)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    payloads = sorted(cache.rglob(PAYLOAD))
+    assert payloads
+    for path in payloads:  # one flipped byte in every stored plan
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    proc = run_cli(*LEAN, *ONLY_PLAN_VS_REPLAN, f"backend.plan_cache.dir={cache}", f"hydra.run.dir={tmp_path / 'b'}",
+                   cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = read_results(tmp_path / "b" / "results.json")
+    job = doc["plan_cache"]
+    assert job["statuses"].get("corrupt") == len(payloads), job
+    assert job["builds"] == job["hits"] + job["misses"] >= doc["bench"]["plan_builds"]
+    assert len(job["rebuilt"]) == len(payloads) and all("sha256" in r for r in job["rebuilt"])
+    assert doc["bench"]["plan_cache"]["statuses"].get("corrupt") is None  # the benchmark's own builds hit
+    assert f"({len(payloads)} corrupt entry rebuilt)" in proc.stdout
+    report = run_cli("report", str(tmp_path / "b"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert f"({len(payloads)} corrupt)" in report.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_plan_is_being_compiled_leaves_nothing_half_written_in_the_cache(tmp_path):
+    """SIGINT lands during the AOT compile of the first decode step: exit 130, and the folder holds only
+    whole entries (no staging folder left behind)."""
+    from models.registry import build_random_model
+    from test_cli_interrupt import Cli, check_clean_stop
+    from weights_helpers import write_llama_gguf
+
+    gguf = write_llama_gguf(tmp_path / "tiny.gguf", build_random_model("llama", "tiny", seed=5))
+    cache = tmp_path / "plans"
+    cli = Cli("model=llama_tiny", "model.weights=gguf", f"model.path={gguf}", "experiment=generate",
+              "backend=inductor", "backend.threads=1", f"backend.plan_cache.dir={cache}", "max_new_tokens=8",
+              f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    cli.wait_for("plan cache: compiling entry", timeout=300)
+    time.sleep(2.0)  # inside the compile
+    check_clean_stop(cli, cli.ctrl_c(timeout=300))
+    assert read_results(tmp_path / "run" / "results.json")["status"] == "interrupted"
+    entries = [p for p in (cache / "v1").iterdir() if p.name != ".tmp"]
+    assert all(sorted(q.name for q in e.iterdir()) == [META, PAYLOAD] for e in entries), entries
+    assert not (cache / "v1" / ".tmp").exists() or list((cache / "v1" / ".tmp").iterdir()) == []
 
 
 @pytest.mark.parametrize("overrides, says", [

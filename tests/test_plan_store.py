@@ -60,6 +60,35 @@ def test_a_damaged_or_mismatched_entry_is_never_served_and_is_removed(tmp_path, 
     assert store.lookup("k1", FIELDS).status == "miss"
 
 
+@pytest.mark.parametrize("occupant", ["file", "link"])
+def test_a_plain_file_at_an_entry_path_is_reported_moved_out_and_the_next_store_publishes(tmp_path, occupant):
+    store = PlanStore(tmp_path, 10**9)
+    store.root.mkdir(parents=True)
+    blocker = store.entry("k1")
+    if occupant == "file":
+        blocker.write_bytes(b"not an entry")
+    else:
+        blocker.symlink_to(tmp_path / "nowhere")
+    found = store.lookup("k1", FIELDS)
+    assert found.status == "corrupt" and "not an entry folder" in found.detail  # reported, not a silent miss
+    assert not os.path.lexists(blocker)
+    path, published = store.store("k1", FIELDS, _writer(b"payload"))
+    assert published and store.lookup("k1", FIELDS).hit and path.read_bytes() == b"payload"
+    assert list(store.tmp.iterdir()) == []  # the moved-out file was deleted, not left in .tmp
+
+
+def test_a_file_that_appears_at_the_entry_path_before_publishing_does_not_block_it(tmp_path):
+    store = PlanStore(tmp_path, 10**9)
+
+    def write_then_block(path):
+        path.write_bytes(b"payload")
+        store.entry("k1").write_bytes(b"written by something else meanwhile")
+
+    path, published = store.store("k1", FIELDS, write_then_block)
+    assert published and store.lookup("k1", FIELDS).hit and path.read_bytes() == b"payload"
+    assert list(store.tmp.iterdir()) == []
+
+
 def test_a_second_writer_of_one_key_keeps_the_first_entry(tmp_path):
     store = PlanStore(tmp_path, 10**9)
     first, published_first = store.store("k1", FIELDS, _writer(b"first"))

@@ -154,6 +154,23 @@ def test_activation_form_resolves_per_kind_and_refuses_int16_without_integer_wei
         QuantSpec(QuantKind.bf16, 32, "int16")
 
 
+@pytest.mark.parametrize("args, key, bad", [
+    (("int3",), "weights.dtype", "'int3'"),
+    ((QuantKind.int8, 32, "int12"), "weights.activations", "'int12'"),
+    ((QuantKind.int8, "32"), "weights.group_size", "'32'"),
+    ((QuantKind.int8, 48), "weights.group_size", "48"),
+])
+def test_a_bad_quant_spec_value_is_a_typed_error_naming_the_value_and_the_choices(args, key, bad):
+    with pytest.raises(ConfigError) as err:
+        QuantSpec(*args)
+    message = str(err.value)
+    assert key in message and bad in message
+    if key == "weights.dtype":  # an enum names every choice
+        assert all(k.value in message for k in QuantKind)
+    if key == "weights.activations":
+        assert all(a.value in message for a in ActivationForm)
+
+
 @pytest.mark.parametrize("activations,op", [("int16", "q4_gemv_a16"), ("f32", "q4_gemv")])
 def test_quantized_modules_call_the_kernel_of_their_activation_form(activations, op, monkeypatch):
     model = build_random_model("llama", "tiny", seed=0)
@@ -387,6 +404,40 @@ def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path)
                         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_run_counts_its_packed_matrices_as_parameters_and_names_the_stored_form(kind, tmp_path):
+    """results.json ``model`` of a quantized run: as many parameters as the same model unquantized, held as
+    the kind asked for (the matrices are buffers, so counting ``parameters()`` alone left only the norms)."""
+    import json
+
+    from conftest import run_cli
+    from test_cli_sweep import LEAN
+
+    dense = build_random_model("llama", "tiny", seed=0)
+    want = sum(p.numel() for p in dense.parameters())
+    proc = run_cli(*LEAN, "backend=eager", "experiment.bench.enabled=false", f"weights.dtype={kind}",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["model"]["n_params"] == want, proc.stdout[-2000:]
+    assert doc["model"]["weights_form"].startswith(f"{kind}/g32/a16")
+    assert f"{want / 1e6:.2f}M params {kind}/g32/a16" in proc.stdout
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_load_report_of_a_quantized_checkpoint_names_its_stored_form(kind, tmp_path):
+    from fuelpipe.weights import load_model
+    from weights_helpers import write_llama_hf_dir
+
+    model = build_random_model("llama", "tiny", seed=0)
+    path = write_llama_hf_dir(tmp_path / "ckpt", model)
+    plain = load_model(path, with_tokenizer=False).report
+    packed = load_model(path, with_tokenizer=False, quant=QuantSpec(kind)).report
+    assert packed.n_params == plain.n_params == sum(p.numel() for p in model.parameters())
+    assert "as float32 (" in plain.summary()
+    assert f"params as {kind}/g32/a16" in packed.summary() and "as float32 (" not in packed.summary()
+    assert packed.weights_mb < plain.weights_mb
 
 
 def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():

@@ -23,6 +23,7 @@ stores and loads exactly as the inductor backend does.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +33,12 @@ import torch
 from torch import nn
 
 from fuelpipe.errors import PlanError
+from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.plan_cache_key import step_content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
 from fuelpipe.step import SYMBOLIC_KINDS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,6 +103,11 @@ class CachedAotStep(_BuiltOnFirstCall):
     passes_applied: dict = field(default_factory=dict)
 
     def _realize(self, args: tuple) -> Callable:
+        run = self._load_or_compile(args)
+        cache_ledger.record(self.spec_cache.dir, self.event.record())  # the job's account of every cached build
+        return run
+
+    def _load_or_compile(self, args: tuple) -> Callable:
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
         t0 = time.perf_counter()
         key = step_content_key(self.step, args, step_kind=self.step_kind, fx_passes=self.passes,
@@ -120,6 +129,7 @@ class CachedAotStep(_BuiltOnFirstCall):
                 ev.status, ev.detail = "corrupt", f"load failed: {type(err).__name__}: {err}"
                 store.discard(found.path.parent)
         t2 = time.perf_counter()
+        log.info("plan cache: compiling entry %s into %s (%s)", digest[:16], self.spec_cache.dir, ev.status)
         gm, applied = self.trace(self.step, self.passes)
         self.passes_applied.update(applied)
         path, ev.published = store.store(digest, fields, lambda out: _compile(gm, args, out),

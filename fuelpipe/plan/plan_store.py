@@ -102,6 +102,8 @@ class PlanStore:
         folder = self.entry(digest)
         meta_path = folder / META
         if not folder.is_dir():
+            if os.path.lexists(folder):  # a plain file (or a link) where the entry folder belongs
+                return self._reject(folder, "corrupt", f"{folder} is not an entry folder (a plain file or link)")
             return Lookup("miss")
         try:
             meta = json.loads(meta_path.read_text())
@@ -153,17 +155,30 @@ class PlanStore:
             (staging / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
             _fsync(staging / META)
             final = self.entry(digest)
-            try:
-                os.rename(staging, final)
-                published = True
-            except OSError:  # another writer published this key first: keep theirs
-                published = False
+            published = self._publish(staging, final)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         if published:
             self.evict(keep=digest)
         return final / PAYLOAD, published
+
+    def _publish(self, staging: Path, final: Path) -> bool:
+        """Rename ``staging`` to ``final``; False when another writer's entry is already there.
+
+        Anything else at ``final`` (a plain file, a link) is no entry: it is moved out and the rename
+        retried, so it cannot make every later build compile without ever publishing."""
+        for _ in range(2):
+            try:
+                os.rename(staging, final)
+                return True
+            except OSError:
+                if final.is_dir() and not final.is_symlink():  # another writer published this key first
+                    return False
+                if not os.path.lexists(final):
+                    raise
+                self.discard(final)
+        return False
 
     # ---- bounding -------------------------------------------------------------------------
     def entries(self) -> list[tuple[float, int, Path]]:
@@ -200,21 +215,33 @@ class PlanStore:
         now = time.time()
         for folder in (self.tmp.iterdir() if self.tmp.is_dir() else ()):
             try:
-                if now - folder.stat().st_mtime > STALE_TMP_S:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if now - folder.lstat().st_mtime > STALE_TMP_S:
+                    _remove(folder)
             except OSError:
                 pass
         return removed
 
     def discard(self, folder: Path) -> None:
-        """Move ``folder`` out of the lookup path first (one rename), then delete it."""
+        """Move ``folder`` (an entry, or a file where one belongs) out of the lookup path first (one rename),
+        then delete it."""
         trash = self.tmp / f"trash-{uuid.uuid4().hex}"
         try:
             self.tmp.mkdir(parents=True, exist_ok=True)
             os.rename(folder, trash)
         except OSError:
             return  # already gone (another process removed or replaced it), or a folder we may not change
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove(trash)
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder tree, or a file or link, as far as permitted."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def _fsync(path: Path) -> None:

@@ -157,6 +157,29 @@ def quantize_model(model: nn.Module, spec: QuantSpec, packed: Optional[Mapping[s
     return counts
 
 
+def logical_params(model: nn.Module) -> int:
+    """Parameters as the matrices they stand for: a packed matrix counts out x in, once (a tied one once).
+
+    ``model.parameters()`` alone misses every packed matrix (its codes and scales are buffers)."""
+    packed = {id(m.q): m.out_features * m.in_features for m in model.modules() if isinstance(m, _Packed)}
+    plain = {id(p): p.numel() for p in model.parameters()}
+    return sum(packed.values()) + sum(plain.values())
+
+
+def stored_form(model: nn.Module) -> str:
+    """How the weights are held: ``float32``, or ``int8/g32/a16 matrices + float32`` when quantized.
+
+    The kinds actually held are named (int4 keeps vocabulary matrices at int8: ``int4/g32/a16 + int8
+    matrices``); the plain dtype is that of the remaining parameters (norms, biases)."""
+    plain = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    fmt = getattr(model, "weight_format", None)
+    kinds = sorted({m.kind.value for m in model.modules() if isinstance(m, _Packed)})
+    if fmt is None or not kinds:
+        return "/".join(plain)
+    held = [fmt.label(), *(k for k in kinds if k != fmt.kind.value)]
+    return f"{' + '.join(held)} matrices" + (f" + {'/'.join(plain)}" if plain else "")
+
+
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict with every packed matrix as its dequantized f32 ``weight`` (for an external twin)."""
     state = model.state_dict()

@@ -18,7 +18,7 @@ from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request, Sampling
 from fuelpipe.bench.rss import PhasePeaks
 from fuelpipe.config.schema import KvLayout
 from fuelpipe.config.validate import batch_spec
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import ConfigError, RunInterrupted
 from fuelpipe.runner.assemble import Assembly
 from fuelpipe.sampling import Sampler, greedy, seeded
 
@@ -159,8 +159,18 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         out.write(f"--- {req.prompt}\n")
     phases.start("prefill")  # the prompt, with its program's build
     t0 = time.perf_counter()
-    result = ctx.generate(list(req.ids), req.max_new_tokens, sampler=req.sampler, cache=cache,
-                          stop_ids=tok.stop_ids, on_token=stream)
+    try:
+        result = ctx.generate(list(req.ids), req.max_new_tokens, sampler=req.sampler, cache=cache,
+                              stop_ids=tok.stop_ids, on_token=stream)
+    except KeyboardInterrupt:  # Ctrl-C: end the streamed text visibly and keep what was generated
+        text = tok.decode(tokens)
+        if gen.stream:
+            out.write(text[len(shown):] + "\n--- [interrupted]\n")
+            out.flush()
+        raise RunInterrupted({"generation": {
+            "prompt": req.prompt, "chat_template": req.chat, "prompt_tokens": len(req.ids), "text": text,
+            "tokens": list(tokens), "new_tokens": len(tokens), "interrupted": True,
+            "wall_s": time.perf_counter() - t0}}) from None
     wall = time.perf_counter() - t0
     text = tok.decode(result.tokens)
     if gen.stream:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -12,7 +13,10 @@ from fuelpipe.bench.decode import run_decode_bench
 from fuelpipe.config.validate import resolve_device, validate
 from fuelpipe.errors import ConfigError, InputError, KvCacheError
 from fuelpipe.progress import bar
-from fuelpipe.results import CONFIG_ERROR, ERROR, SKIPPED, env_info, results_doc, status_of, uncaught_faults
+from fuelpipe.results import (
+    CONFIG_ERROR, ERROR, INTERRUPTED, SKIPPED, env_info, results_doc, status_of, uncaught_faults,
+)
+from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.allocator import return_large_frees_to_os
@@ -36,21 +40,31 @@ def run_job(
     sweep: bool = False,
     overrides: Sequence[str] = (),
     choices: Optional[Mapping[str, str]] = None,
+    output_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    """The results document of one combination; never raises (except on KeyboardInterrupt).
+    """The results document of one combination; never raises.
 
     Bad input (an invalid combination, an unreadable or non-finite checkpoint, a generation
     request that cannot fit) is found up front, before anything runs: ``skipped`` inside a sweep
     (the sweep goes on), ``config_error`` on its own. A crash is ``error``, with the exception
-    recorded and its traceback logged.
+    recorded and its traceback logged. SIGINT (Ctrl-C) makes it ``interrupted``, with what had
+    run (the model, the generated text so far, the oracles that finished); the caller stops there.
+    ``output_dir``: where stages write their tables (default: Hydra's output directory, if any).
     """
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     caller_threads = torch.get_num_threads()  # backend.threads is the job's: the caller gets its own back
+    partial: dict[str, Any] = {}  # sections filled in as the job goes, kept if it is interrupted
     try:
-        return _run_job(cfg, config, sweep, overrides, choices)
+        return _run_job(cfg, config, sweep, overrides, choices, output_dir, partial)
+    except KeyboardInterrupt as stop:
+        env = env_info(device_name(cfg), torch.get_num_threads())
+        doc = results_doc(INTERRUPTED, config=config, env=env, overrides=overrides, choices=choices,
+                          reasons=["interrupted by SIGINT (Ctrl-C); the sections present ran before it, the rest "
+                                   "did not run"], oracles=partial.pop("oracles", []))
+        return doc | partial | getattr(stop, "partial", {})
     except Exception as err:  # a bug, not bad input: it must not read as "an oracle failed"
         log.exception("fuelpipe: internal error in the job")
-        env = env_info(_device_name(cfg), torch.get_num_threads())
+        env = env_info(device_name(cfg), torch.get_num_threads())
         doc = results_doc(ERROR, config=config, env=env, reasons=[f"internal error: {type(err).__name__}: {err}"],
                           overrides=overrides, choices=choices)
         doc["error"] = {"type": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
@@ -59,8 +73,9 @@ def run_job(
         torch.set_num_threads(caller_threads)
 
 
-def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
+def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dict[str, Any]:
     asm = request = None
+    ledger_start = cache_ledger.mark()  # the job's cached plan builds are those recorded after this
     allocator = return_large_frees_to_os()  # before anything large is allocated (fuelpipe.allocator)
     phases = PhasePeaks()  # resident memory per phase: load, prefill, first decode (plan build), decode, checks
     phases.start("load")
@@ -78,11 +93,12 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
         if reasons:
             asm = None
     if asm is None:
-        env = env_info(_device_name(cfg), torch.get_num_threads())
+        env = env_info(device_name(cfg), torch.get_num_threads())
         status = SKIPPED if sweep else CONFIG_ERROR
         return results_doc(status, config=config, env=env, reasons=reasons, overrides=overrides, choices=choices)
 
     exp = cfg.experiment
+    partial["model"] = asm.model_record
     if asm.model_record.get("family_mismatch"):
         log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
     if cfg.backend.plan_cache.dir is not None and not BACKENDS.get(cfg.backend.name).stores_plans:
@@ -90,11 +106,14 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
 
         log.warning("fuelpipe: backend.plan_cache is set but %s", unused_plan_cache(cfg.backend.name))
     generation = run_generation(cfg, asm, request, phases=phases)  # first: a user sees text before the checks
+    partial["generation"] = generation
     phases.start("checks")  # oracles, stages and the benchmark
     names = enabled_oracles(exp)
-    sections = {stage.results_key: stage.run(exp[stage.name], cfg, asm, _output_dirs()) for stage in enabled_stages(exp)}
+    dirs = [output_dir] if output_dir is not None else _output_dirs()
+    sections = {stage.results_key: stage.run(exp[stage.name], cfg, asm, dirs) for stage in enabled_stages(exp)}
     steps = len(names) + (exp.bench.warmup + exp.bench.tokens if exp.bench.enabled else 0)
     oracles, bench = [], None
+    partial["oracles"] = oracles  # the ones finished so far
     with bar(steps, f"fuelpipe {exp.name}") as progress:
         for result in run_oracles(cfg, asm, names):
             oracles.append(result.to_json())
@@ -116,6 +135,9 @@ def _run_job(cfg, config, sweep, overrides, choices) -> dict[str, Any]:
         reasons=uncaught_faults(oracles)
     )
     doc["model"] = asm.model_record
+    if cfg.backend.plan_cache.dir is not None and BACKENDS.get(cfg.backend.name).stores_plans:
+        # every cached build of the job (generation, oracles, benchmark), not the benchmark's alone
+        doc["plan_cache"] = cache_ledger.summary_since(ledger_start, cfg.backend.plan_cache.dir)
     doc["generation"] = generation
     doc.update(sections)
     doc["load"] = asm.load or None
@@ -150,14 +172,12 @@ def _loaded_stage_reasons(cfg: DictConfig, asm) -> list[str]:
 
 def _output_dirs() -> list:
     """The run's own output directory (Hydra's), where a stage writes its tables and plots."""
-    from pathlib import Path
-
     from hydra.core.hydra_config import HydraConfig
 
     return [Path(HydraConfig.get().runtime.output_dir)] if HydraConfig.initialized() else []
 
 
-def _device_name(cfg: DictConfig) -> str:
+def device_name(cfg: DictConfig) -> str:
     try:
         return str(resolve_device(cfg.backend.device))
     except RuntimeError:

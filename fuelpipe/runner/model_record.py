@@ -16,6 +16,8 @@ from fuelpipe.config.schema import Weights
 
 def model_record(m: DictConfig, model, report: Optional[Any]) -> dict[str, Any]:
     """``m`` is the composed model config, ``report`` the checkpoint's ``LoadReport`` (None for random weights)."""
+    from fuelpipe.quant.modules import logical_params, stored_form
+
     params = {id(p): p for p in model.parameters()}.values()
     record = {
         "family": model.family,
@@ -24,7 +26,8 @@ def model_record(m: DictConfig, model, report: Optional[Any]) -> dict[str, Any]:
         "path": str(report.source) if report is not None else None,
         "size": m.size if m.weights in (Weights.random, Weights.shipped) else None,
         "dtype": str(next(iter(params)).dtype).removeprefix("torch."),
-        "n_params": sum(p.numel() for p in params),
+        "n_params": logical_params(model),  # a packed matrix counts as the out x in parameters it holds
+        "weights_form": stored_form(model),  # float32, or e.g. "int8/g32/a16 matrices + float32"
         "dims": dataclasses.asdict(model.dims),
         "family_mismatch": None,
     }
@@ -43,4 +46,5 @@ def describe(record: dict[str, Any]) -> str:
     size = f" {record['size']}" if record["size"] else ""
     return (f"{record['family']}{size} ({origin}): {d['n_layers']} layers, hidden {d['hidden_size']}, "
             f"{d['n_heads']} heads / {d['n_kv_heads']} KV heads x {d['head_dim']}, vocab {d['vocab_size']}, "
-            f"max positions {d['max_position_embeddings']}, {record['n_params'] / 1e6:.2f}M params {record['dtype']}")
+            f"max positions {d['max_position_embeddings']}, {record['n_params'] / 1e6:.2f}M params "
+            f"{record.get('weights_form') or record['dtype']}")

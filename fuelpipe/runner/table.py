@@ -36,6 +36,9 @@ def render(doc: dict[str, Any]) -> str:
             f"prompts {1000.0 * gen.get('prefill_s', 0.0):.0f} ms in {gen.get('prefill_calls', '?')} packed call(s); "
             f"KV {bt['kv_bytes_per_row'] / 2**20:.1f} MiB per row"
         )
+    elif gen and gen.get("interrupted"):
+        lines.append(f"generated {gen['new_tokens']} tokens from a {gen['prompt_tokens']}-token prompt, then interrupted "
+                     f"(Ctrl-C): the text so far is in results.json generation.text")
     elif gen:
         speed = (f"decode {gen['ms_per_token']:.1f} ms/token ({gen['tokens_per_s']:.1f} tokens/s, median of "
                  f"{gen.get('steady_steps', '?')} steady steps)" if gen.get("tokens_per_s") else "decode -")
@@ -89,9 +92,7 @@ def render(doc: dict[str, Any]) -> str:
         if pc and pc.get("unused"):
             lines.append(f"  plan cache       not used: {pc['unused']}")
         elif pc:
-            rebuilt = {k: v for k, v in pc.get("statuses", {}).items() if k in ("corrupt", "mismatch")}
-            lines.append(f"  plan cache       {pc['hits']} hit(s), {pc['misses']} compiled"
-                         + "".join(f" ({v} {k} entry rebuilt)" for k, v in rebuilt.items())
+            lines.append(f"  plan cache       {pc['hits']} hit(s), {pc['misses']} compiled{rebuilt_counts(pc)}"
                          + f": compile {pc['compile_ms']:.0f} ms, load {pc['load_ms']:.0f} ms ({pc['dir']})")
             if pc.get("detail"):
                 lines.append(f"                   {pc['detail']}")
@@ -108,6 +109,11 @@ def render(doc: dict[str, Any]) -> str:
                 f"  an expanded K/V cache would store {bench['expanded_kv_bytes_per_token']} bytes/token: "
                 f"{bench['expanded_over_kv']:.2f}x this cache"
             )
+    job_cache = doc.get("plan_cache")
+    if job_cache:
+        lines.append(f"plan cache (every build of this job): {job_cache['hits']} hit(s), {job_cache['misses']} "
+                     f"compiled{rebuilt_counts(job_cache)} in {job_cache['dir']}")
+        lines += [f"  rebuilt {entry}" for entry in job_cache["rebuilt"]]
     lines += stage_sections(doc)
     lines.append(f"status: {doc['status']}")
     return "\n".join(lines)
@@ -118,6 +124,13 @@ def _composed(m: dict[str, Any]) -> str:
     if m.get("weights") in ("gguf", "hf_dir") and m.get("path"):
         return f"{m['weights']} {m['path']}"
     return f"{m['family']} {m['size']}"
+def rebuilt_counts(pc: dict[str, Any]) -> str:
+    """`` (1 corrupt entry rebuilt)`` per status where a stored entry was thrown out and compiled again."""
+    from fuelpipe.plan.cache_ledger import REBUILT
+
+    return "".join(f" ({v} {k} entry rebuilt)" for k, v in (pc.get("statuses") or {}).items() if k in REBUILT)
+
+
 def verdict_of(oracle: dict[str, Any]) -> str:
     """PASS, FAIL, or SKIP (the oracle checked nothing; never counted as a pass)."""
     if oracle.get("skipped", False):

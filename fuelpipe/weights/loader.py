@@ -52,6 +52,7 @@ class LoadReport:
     config: Any
     dtype: torch.dtype
     n_params: int = 0
+    form: str = ""  # how the weights are held (fuelpipe.quant.modules.stored_form); "": as ``dtype``
     weights_mb: float = 0.0  # final parameter bytes at ``dtype``
     tensor_types: dict[str, int] = field(default_factory=dict)  # stored type -> tensor count
     timings_s: dict[str, float] = field(default_factory=dict)  # header / build / weights / tokenizer
@@ -64,7 +65,7 @@ class LoadReport:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(self.tensor_types.items()))
         return (
             f"{self.source.name}: {self.family} ({self.architecture}, {self.format}) {self.n_params / 1e6:.1f}M params "
-            f"as {str(self.dtype).removeprefix('torch.')} ({self.weights_mb:.0f} MB) in {self.load_s:.2f}s "
+            f"as {self.form or str(self.dtype).removeprefix('torch.')} ({self.weights_mb:.0f} MB) in {self.load_s:.2f}s "
             f"[{', '.join(f'{k} {v:.2f}s' for k, v in self.timings_s.items())}]; peak RSS {self.peak_rss_mb:.0f} MB "
             f"(from {self.rss_before_mb:.0f} MB); tensors: {types}"
         )
@@ -545,6 +546,8 @@ def load_model(
 
     ``quant`` (a ``fuelpipe.quant.QuantSpec``): hold the matrices in a low-bit form. From a GGUF file
     they are packed tensor by tensor, keeping the file's own blocks where the kernels take them."""
+    from fuelpipe.quant.modules import logical_params, stored_form
+
     path = Path(source).expanduser()
     kind = sniff_format(path)
     rss_before = _rss_mb()
@@ -579,20 +582,12 @@ def load_model(
     unique = {id(p): p for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]}.values()
     report = LoadReport(
         source=path, format=fmt, architecture=arch, family=model.family, config=config, dtype=dtype,
-        n_params=_logical_params(model), weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
+        n_params=logical_params(model), form=stored_form(model),
+        weights_mb=sum(p.numel() * p.element_size() for p in unique) / 2**20,
         tensor_types=types, timings_s=times, load_s=load_s, rss_before_mb=rss_before, peak_rss_mb=_peak_rss_mb(),
         peak_is_process_lifetime=not exact_peak,
     )
     return LoadedModel(model, tokenizer, report)
-
-
-def _logical_params(model: torch.nn.Module) -> int:
-    """Parameters as the matrices they stand for: a packed low-bit matrix counts out x in, once."""
-    from fuelpipe.quant.modules import _Packed
-
-    packed = {id(m.q): m.out_features * m.in_features for m in model.modules() if isinstance(m, _Packed)}
-    plain = {id(p): p.numel() for p in model.parameters()}
-    return sum(packed.values()) + sum(plain.values())
 
 
 def load_named(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -82,7 +82,10 @@ class FuelpipeRayLauncher(Launcher):
                 remote.remote(initial_job_idx + idx, list(overrides), os.getcwd(), *shared)
                 for idx, overrides in enumerate(job_overrides)
             ]
-            runs = ray.get(refs)  # in job order
+            # In job order, each awaited on its own: a job whose worker died is that job's status, and
+            # every other job still runs to its end (one ray.get of all refs raised at the first loss).
+            runs = [self._outcome(ray, ref, initial_job_idx + idx, overrides)
+                    for idx, (ref, overrides) in enumerate(zip(refs, job_overrides))]
             # Ray forwards the workers' output to this terminal asynchronously (its log monitor
             # polls the workers' log files): a moment before disconnecting, or the last lines are lost.
             time.sleep(LOG_GRACE_S)
@@ -92,6 +95,31 @@ class FuelpipeRayLauncher(Launcher):
                 log.info("Ray: local instance shut down")
         assert all(isinstance(run, JobReturn) for run in runs)
         return runs
+
+
+    def _outcome(self, ray, ref, idx: int, overrides: Sequence[str]) -> JobReturn:
+        """The job's own return, or, when its worker died before it reported, a ``crashed`` record of it.
+
+        A crash inside the job is already recorded by the job's watcher (fuelpipe.runner.isolated); what
+        reaches here is the loss of the watcher's worker itself (killed, out of memory, its node gone)."""
+        from fuelpipe.results import CRASHED
+        from fuelpipe.runner.isolated import record_lost_job
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as err:
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+                sweep_config.hydra.job.num = idx
+            HydraConfig.instance().set_config(sweep_config)
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            path = record_lost_job(sweep_config, f"{type(err).__name__}: {first_line}")
+            log.error(f"Ray: job #{idx} ({' '.join(filter_overrides(overrides))}) was lost: "
+                      f"{type(err).__name__}; recorded as {CRASHED} in {path}")
+            return JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
+                             working_dir=str(path.parent), task_name=sweep_config.hydra.job.name,
+                             status=JobStatus.COMPLETED, _return_value=CRASHED)
 
 
 def _execute_job(

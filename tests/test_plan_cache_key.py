@@ -17,6 +17,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.plan.plan_cache_key import content_key
 from fuelpipe.step import step_args, step_module_for
 from models.registry import build_random_model
+from planted_gate import plan_key_without_pass_sources, plan_key_without_threads
 
 
 def _key(model, capacity: int = 32, key_weights: bool = True, passes=("fuse_sibling_linears",)):
@@ -139,22 +140,6 @@ def test_the_gate_checks_both_halves_of_the_key_on_the_default_backend():
     assert sum("-> the same key" in n for n in checks) == 3 and sum("-> another key" in n for n in checks) >= 6
 
 
-def _key_without_threads(mp):
-    import dataclasses
-
-    from fuelpipe.plan import plan_cache_key
-
-    original = plan_cache_key.content_key
-    mp.setattr(plan_cache_key, "content_key", lambda *a, **k: dataclasses.replace(original(*a, **k), threads=1))
-
-
-def _key_without_pass_sources(mp):
-    from fuelpipe.plan import plan_cache_key
-
-    original = plan_cache_key.recipe_source_digest
-    mp.setattr(plan_cache_key, "recipe_source_digest", lambda fx_passes=(), **k: original((), **k))
-
-
 def _key_with_object_ids(mp):
     """Over-keying: the weights digest names the tensors' storage addresses (process-local)."""
     from fuelpipe.plan import plan_cache_key
@@ -164,8 +149,8 @@ def _key_with_object_ids(mp):
 
 
 @pytest.mark.parametrize("plant,broken", [
-    (_key_without_threads, "another thread count"),
-    (_key_without_pass_sources, "a pass's source edited"),
+    (plan_key_without_threads, "another thread count"),
+    (plan_key_without_pass_sources, "a pass's source edited"),
     (_key_with_object_ids, "another instance of the same weights"),
 ])
 def test_a_key_bug_fails_the_gate_key_checks(monkeypatch, plant, broken):

@@ -324,20 +324,6 @@ def test_quality_oracle_passes_and_catches_a_wrong_scale(kind):
     assert not bad.passed and bad.fault == Fault.QUANT_WRONG_SCALE.value, bad.detail
 
 
-def _sixteen_intervals(w, kind, group_size):
-    """An int4 quantizer whose grid has 16 intervals over [min, max] where 15 codes span 15 (the top code clipped)."""
-    from fuelpipe.quant.formats import PackedWeight, pack_int4
-
-    if kind is not QuantKind.int4:
-        return quantize(w, kind, group_size)
-    n, k = w.shape
-    groups = w.detach().float().view(n, k // group_size, group_size)
-    lo, hi = groups.amin(-1), groups.amax(-1)
-    scale = ((hi - lo) / 16.0).to(torch.float16)
-    codes = torch.round((groups - lo.half().float()[..., None]) / scale.float()[..., None]).clamp_(0, 15)
-    return PackedWeight(kind, pack_int4(codes.view(n, k)), scale.contiguous(), lo.half().contiguous())
-
-
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
 def test_every_packed_matrix_is_within_its_rounding_bound(kind):
     from fuelpipe.oracles.quant_bounds import check_model
@@ -349,11 +335,9 @@ def test_every_packed_matrix_is_within_its_rounding_bound(kind):
 
 def test_a_quantizer_with_the_wrong_level_count_fails_the_quality_oracle(monkeypatch):
     """Its logits stay inside the loose quality tolerances on a tiny model; the rounding bound does not."""
-    import fuelpipe.quant.formats as formats
-    import fuelpipe.quant.modules as modules
+    from planted_gate import quantizer_sixteen_intervals
 
-    monkeypatch.setattr(modules, "quantize", _sixteen_intervals)
-    monkeypatch.setattr(formats, "quantize", _sixteen_intervals)
+    quantizer_sixteen_intervals(monkeypatch)
     model = _tiny(QuantKind.int4)
     result = _quality(model, lambda: build_random_model("llama", "tiny", seed=0), False)
     assert not result.passed and "rounding bound" in result.detail, result.detail

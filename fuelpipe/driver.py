@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from fuelpipe.backbone import DecodeBackbone
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import enum_member
 from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import BackendSpec, build_program
 from fuelpipe.plan.derived_weights import forget as forget_derived
@@ -38,12 +38,7 @@ class PlanMode(enum.Enum):
 
     @classmethod
     def parse(cls, value: "PlanMode | str") -> "PlanMode":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"plan mode must be one of {[m.value for m in cls]}, got {value!r}") from None
+        return enum_member(cls, value, "plan mode")
 
 
 PagedDecodePlan = PlanMode

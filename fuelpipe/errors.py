@@ -1,6 +1,8 @@
 """Typed errors. Each names the constraint that was violated and the offending value."""
 from __future__ import annotations
 
+import enum
+
 
 class FuelpipeError(Exception):
     """Base class for every error fuelpipe raises on purpose."""
@@ -54,3 +56,14 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, partial: dict) -> None:
         super().__init__()
         self.partial = partial
+
+
+def enum_member(kind: type[enum.Enum], value, key: str) -> enum.Enum:
+    """``value`` (a member or its value) as a member of ``kind``; a ``ConfigError`` naming ``key``, the value and
+    the choices if it is none of them."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{key} must be one of {[m.value for m in kind]}, got {value!r}") from None

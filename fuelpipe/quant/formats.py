@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.errors import ConfigError
+from fuelpipe.errors import ConfigError, enum_member
 
 
 class ActivationForm(enum.Enum):
@@ -47,16 +47,6 @@ class QuantKind(enum.Enum):
 BLOCK = 32  # the kernels' block: a group is a whole number of blocks
 
 
-def _member(kind: type[enum.Enum], value, key: str) -> enum.Enum:
-    """``value`` (a member or its value) as a member of ``kind``; a ``ConfigError`` naming the choices if not."""
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        raise ConfigError(f"{key} must be one of {[m.value for m in kind]}, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class QuantSpec:
     """How a model's matrix weights are held: ``kind`` at ``group_size`` elements per scale."""
@@ -66,8 +56,8 @@ class QuantSpec:
     activations: ActivationForm = ActivationForm.auto  # resolved: never ``auto`` after construction
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", _member(QuantKind, self.kind, "weights.dtype"))
-        object.__setattr__(self, "activations", _member(ActivationForm, self.activations, "weights.activations"))
+        object.__setattr__(self, "kind", enum_member(QuantKind, self.kind, "weights.dtype"))
+        object.__setattr__(self, "activations", enum_member(ActivationForm, self.activations, "weights.activations"))
         if not isinstance(self.group_size, int) or isinstance(self.group_size, bool):
             raise ConfigError(f"weights.group_size must be an integer multiple of {BLOCK}, got {self.group_size!r}")
         if self.group_size < BLOCK or self.group_size % BLOCK:

@@ -91,7 +91,7 @@ def test_layer_kinds_and_window_match_transformers(fam, overrides):
 
 def test_transformers_is_imported_by_tests_only():
     """fuelpipe and models never import transformers, except the peers benchmarks (``bench_peers`` and
-    ``bench_batch``), which time it as a peer, and the twin of the ``vs_transformers`` oracle.
+    ``bench_batch``), which time it as a peer, and the twin of the ``vs_transformers`` oracle (and its RoPE tables).
 
     There it is imported inside functions only, so fuelpipe imports and runs without it (the peer is then
     reported as not installed, the oracle as skipped).
@@ -101,7 +101,8 @@ def test_transformers_is_imported_by_tests_only():
     for path in sorted([*root.glob("fuelpipe/**/*.py"), *root.glob("models/**/*.py")]):
         tree = ast.parse(path.read_text())
         lazy = path.is_relative_to(root / "fuelpipe/bench/peers") or path in (
-            root / "fuelpipe/oracles/hf_twin.py", root / "fuelpipe/bench/batch_systems.py")
+            root / "fuelpipe/oracles/hf_twin.py", root / "fuelpipe/oracles/rope_twin.py",
+            root / "fuelpipe/bench/batch_systems.py")
         nodes = [n for n in tree.body] if lazy else list(ast.walk(tree))  # lazy importers: module level only
         for node in nodes:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

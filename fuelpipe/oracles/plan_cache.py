@@ -17,7 +17,7 @@ Must reuse (a cache that never hits throws the saving away):
   and its logits are bit-identical to the first build's.
 
 Must not reuse (a cache that hits too readily serves a wrong answer at full speed):
-* the same config with other weights (``other_model``): another entry (a different key),
+* the same config with other weights (one element changed): another entry (a different key),
   and logits equal to that model's own reference run;
 * the same model at another geometry (a cache of another capacity): another entry;
 * a corrupted entry (one payload byte flipped): reported ``corrupt`` and rebuilt, never
@@ -40,7 +40,7 @@ import torch
 from fuelpipe.driver import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled
 from fuelpipe.oracles.checks import Check
-from fuelpipe.oracles.plan_cache_keys import key_checks
+from fuelpipe.oracles.plan_cache_keys import key_checks, one_element_changed
 from fuelpipe.plan.backends import BACKENDS
 from fuelpipe.plan.plan_store import PAYLOAD, PlanStore
 from fuelpipe.sampling import greedy
@@ -130,7 +130,7 @@ def _stored(inp: OracleInput) -> tuple[str, list[Check]]:
         Check("same plan again: logits bit-identical", bad is None, f"max abs {worst:g}", worst),
     ]
 
-    other = inp.other_model()
+    other = one_element_changed(inp.model)  # a checkpoint's other_model is a reload: the same weights
     served = _serve(inp, other, n, tokens)
     checks += [
         Check("other weights: another entry", served.key != first.key, f"status {served.status}, "

@@ -12,7 +12,7 @@ is stored, and a bug in it cannot wait for the first user with a plan cache.
 Both halves:
 
 Must differ (a key that misses one serves a plan built for something else):
-other weights; another KV capacity (geometry); another intra-op thread count
+other weights (one element changed); another KV capacity (geometry); another intra-op thread count
 (the split pass divides rows by it); a pass's source edited (same name, other
 code); another pass list; another ``-march`` (the code inductor generates).
 
@@ -103,6 +103,17 @@ def _pass_from_source(folder: Path, tag: str, source: str) -> FxPass:
     return FxPass(PROBE_PASS, module.run)
 
 
+def one_element_changed(model):
+    """A copy of ``model`` whose first floating-point tensor differs in one element: other weights of the same
+    config, whatever the model came from (a checkpoint's ``other_model`` is a reload, the same weights)."""
+    twin = copy.deepcopy(model)
+    tensor = next(t for t in (*twin.parameters(), *twin.buffers()) if t.is_floating_point() and t.numel())
+    with torch.no_grad():
+        flat = tensor.view(-1)
+        flat[0] = flat[0] + max(1e-3, float(flat[0].abs()) * 1e-2)
+    return twin
+
+
 def key_checks(inp: OracleInput) -> list[Check]:
     """The key's two halves on this run's model and setup (see the module docstring)."""
     from torch._inductor import config as inductor_config
@@ -125,7 +136,7 @@ def key_checks(inp: OracleInput) -> list[Check]:
     same("the same plan in a fresh context", probe.key(inp.model, n))
     same("another instance of the same weights", probe.key(copy.deepcopy(inp.model), n))
     same("the first decode at a later position", probe.key(inp.model, n, lead=2))
-    differs("other weights", probe.key(inp.other_model(), n), "other_model: same config, other weights")
+    differs("other weights", probe.key(one_element_changed(inp.model), n), "a copy with one weight element changed")
     differs("another KV capacity", probe.key(inp.model, n + 16), f"capacity {n + 16} vs {n}")
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)

@@ -27,6 +27,11 @@ TOOLS_OWN = ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_")
 
 def _tools_own(key: str) -> bool:
     return key.startswith(TOOLS_OWN)
+
+
+# Config entries torch fills in place itself: AOTInductor writes the target's platform and ISA into
+# ``aot_inductor.metadata`` on every compile (the same values each time), whoever asked for it.
+TORCH_FILLS = ("aot_inductor.metadata",)
 REGISTRIES = {"oracles": ORACLES, "backends": BACKENDS, "fx passes": FX_PASSES, "stages": STAGES, "families": FAMILIES}
 
 
@@ -53,7 +58,7 @@ def snapshot() -> GlobalState:
         grad_enabled=torch.is_grad_enabled(),
         deterministic=torch.are_deterministic_algorithms_enabled(),
         environ={k: v for k, v in os.environ.items() if not _tools_own(k)},
-        inductor=inductor_config.get_config_copy(),
+        inductor={k: v for k, v in inductor_config.get_config_copy().items() if k not in TORCH_FILLS},
         dynamo=dynamo_config.get_config_copy(),
         registries=_registry_entries(),
     )

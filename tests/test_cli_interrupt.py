@@ -112,3 +112,24 @@ def test_ctrl_c_during_a_sweep_stops_it_marks_the_running_job_and_starts_no_othe
     assert docs[0]["generation"]["interrupted"] is True and schema_problems(docs[0]) == []
     assert "sweep: 1 jobs, interrupted 1" in cli.stdout
     assert marked_processes(marker, sweep) == []
+
+
+@pytest.mark.slow  # three interpreters: the CLI, a loky worker, the job's own process
+def test_ctrl_c_during_a_joblib_sweep_is_a_stop_not_a_lost_worker(tmp_path, tiny_gguf):
+    """SIGINT reaches loky's workers and the jobs' processes too: the sweep stops (exit 130, the running jobs
+    marked), never taking the stop for a lost worker and running jobs again, and nothing is left running."""
+    from sweep_fault_helpers import MARK, marked_processes
+
+    marker = "ctrl-c-" + os.urandom(6).hex()
+    sweep = tmp_path / "sweep"
+    cli = Cli("-m", "hydra/launcher=joblib_local", "model=llama_tiny", "model.weights=gguf", f"model.path={tiny_gguf}",
+              *SLOW_GENERATION, "experiment.seed=1,2,3", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+              env=dict(os.environ, **{MARK: marker}))
+    cli.wait_for("--- Count slowly\n")
+    time.sleep(3.0)
+    check_clean_stop(cli, cli.ctrl_c())
+    assert "lost its worker" not in cli.stdout + cli.stderr and "a worker was lost" not in cli.stdout + cli.stderr
+    docs = [read_results(p) for p in sorted(sweep.rglob("results.json"))]
+    assert docs and all(d["status"] == "interrupted" for d in docs), [d["status"] for d in docs]
+    assert len(docs) <= 2  # the third job never started
+    assert marked_processes(marker, sweep) == []

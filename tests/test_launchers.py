@@ -158,7 +158,7 @@ def test_ray_sweep_joins_a_running_cluster_and_skips_the_invalid_combination(tmp
     assert f"Ray: joined the cluster at {address}" in proc.stdout
     assert "Ray is launching 2 jobs (num_cpus=1, num_gpus=0 each)" in proc.stdout
     assert "#1 : kv=latent backend=eager" in proc.stdout
-    assert "(_execute_job pid=" in proc.stdout  # the jobs' output, forwarded from the Ray workers
+    assert "(execute_job pid=" in proc.stdout  # the jobs' output, forwarded from the Ray workers
 
     out = tmp_path / "report"
     report = run_cli("report", str(sweep), "--out", str(out), cwd=tmp_path, timeout=120)
@@ -218,20 +218,29 @@ def test_a_job_killed_by_a_signal_is_its_status_under_every_launcher(tmp_path, m
     check_crash_sweep(proc, sweep, marker, tmp_path)
 
 
-def test_a_ray_worker_lost_mid_job_is_that_jobs_status_and_the_others_run_on(tmp_path, monkeypatch):
-    """The job kills its watcher (the Ray worker) with SIGKILL, as an OOM kill of the worker would: the job's
-    process dies with it, Ray reports the task lost, and the launcher records it; the other jobs run on."""
-    _ray_env(monkeypatch)
+@pytest.mark.parametrize("launcher", ["joblib_local", "submitit_localhost", "ray_cluster"])
+def test_a_worker_lost_mid_job_is_that_jobs_status_and_the_others_run_on(tmp_path, monkeypatch, launcher):
+    """The job kills its watcher (the launcher's worker) with SIGKILL, as an OOM kill of the worker would: the
+    job's process dies with it, the launcher learns the job is lost and records it; the other jobs run to
+    their end (under joblib, loky stops the whole pool when one worker dies: the jobs it stopped run again),
+    and nothing the sweep started outlives it."""
+    need(*{"submitit_localhost": ("submitit", "hydra_plugins.hydra_submitit_launcher"),
+           "ray_cluster": ("ray",)}.get(launcher, ()))
+    if launcher == "ray_cluster":
+        _ray_env(monkeypatch)
     marker = planted(monkeypatch)
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "hydra/launcher=ray_cluster", *CRASH_AXES, "experiment.planted_crash.signal=none,SIGKILL",
+    proc = run_cli("-m", f"hydra/launcher={launcher}", *CRASH_AXES, "experiment.planted_crash.signal=none,SIGKILL",
                    "experiment.planted_crash.target=watcher", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     docs = docs_of(sweep)
     assert sorted(d["status"] for d in docs) == ["crashed", "ok", "skipped", "skipped"]
     lost = next(d for d in docs if d["status"] == "crashed")
-    assert "experiment.planted_crash.signal=SIGKILL" in lost["overrides"]
+    assert "experiment.planted_crash.signal=SIGKILL" in lost["overrides"] and "kv=contiguous" in lost["overrides"]
     assert lost["crash"]["signal"] is None and "its worker died" in lost["reasons"][0]
+    ok = next(d for d in docs if d["status"] == "ok")
+    assert "experiment.planted_crash.signal=none" in ok["overrides"] and ok["oracles"]  # it ran to its end
     assert "sweep: 4 jobs, crashed 1, ok 1, skipped 2" in proc.stdout
     assert marked_processes(marker, sweep) == []
 

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
+
+from fuelpipe.runner.launched_job import execute_job, first_line, lost_job_return
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class FuelpipeRayLauncher(Launcher):
             for idx, overrides in enumerate(job_overrides):
                 log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
 
-            remote = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(_execute_job)
+            remote = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(execute_job)
             # Put once what every job shares, rather than once per job.
             shared = [ray.put(x) for x in (self.hydra_context, self.config, self.task_function, Singleton.get_state())]
             refs = [
@@ -102,55 +102,10 @@ class FuelpipeRayLauncher(Launcher):
 
         A crash inside the job is already recorded by the job's watcher (fuelpipe.runner.isolated); what
         reaches here is the loss of the watcher's worker itself (killed, out of memory, its node gone)."""
-        from fuelpipe.results import CRASHED
-        from fuelpipe.runner.isolated import record_lost_job
-
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as err:
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
-                sweep_config.hydra.job.num = idx
-            HydraConfig.instance().set_config(sweep_config)
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            path = record_lost_job(sweep_config, f"{type(err).__name__}: {first_line}")
+            run = lost_job_return(self.hydra_context, self.config, idx, overrides, first_line(err))
             log.error(f"Ray: job #{idx} ({' '.join(filter_overrides(overrides))}) was lost: "
-                      f"{type(err).__name__}; recorded as {CRASHED} in {path}")
-            return JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
-                             working_dir=str(path.parent), task_name=sweep_config.hydra.job.name,
-                             status=JobStatus.COMPLETED, _return_value=CRASHED)
-
-
-def _execute_job(
-    idx: int,
-    overrides: list[str],
-    driver_cwd: str,
-    hydra_context: HydraContext,
-    config: DictConfig,
-    task_function: TaskFunction,
-    singleton_state: dict,
-) -> JobReturn:
-    """One job in a Ray worker: Hydra's globals and singletons as the driver had them, then ``run_job``."""
-    setup_globals()
-    Singleton.set_state(singleton_state)
-    worker_cwd = os.getcwd()
-    if os.path.isdir(driver_cwd):
-        os.chdir(driver_cwd)  # a joined cluster's workers start where `ray start` ran
-    try:
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
-            sweep_config.hydra.job.num = idx
-        HydraConfig.instance().set_config(sweep_config)
-        return run_job(
-            hydra_context=hydra_context,
-            config=sweep_config,
-            task_function=task_function,
-            job_dir_key="hydra.sweep.dir",
-            job_subdir_key="hydra.sweep.subdir",
-        )
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.chdir(worker_cwd)  # Ray reuses the worker process for later tasks
+                      f"{type(err).__name__}; recorded as crashed in {run.working_dir}")
+            return run

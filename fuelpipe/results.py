@@ -60,6 +60,11 @@ ORACLE_KEYS = {
     "setup": (dict,),
     "skipped": (bool,),
 }
+ORACLE_OPTIONAL_KEYS = {  # written since the gate reports each oracle's cost; older documents lack them
+    "builds": (int,),
+    "build_s": (float, int),
+    "peak_rss_mb": (float, int),  # the process's peak resident set while the oracle ran (a runner's job)
+}
 BENCH_KEYS = {
     "plan_mode": (str,),
     "decode_ms_per_token": (float, int),
@@ -193,6 +198,9 @@ def schema_problems(doc: Any) -> list[str]:
         problems += _check(oracle, ORACLE_KEYS, f"oracles[{i}].") if isinstance(oracle, dict) else [
             f"oracles[{i}] must be an object"
         ]
+        if isinstance(oracle, dict):
+            present = {k: v for k, v in ORACLE_OPTIONAL_KEYS.items() if k in oracle}
+            problems += _check(oracle, present, f"oracles[{i}].")
         if isinstance(oracle, dict) and oracle.get("skipped") is True and oracle.get("passed") is True:
             problems.append(f"oracles[{i}]: skipped and passed contradict each other")
     if isinstance(doc.get("bench"), dict):

@@ -6,7 +6,6 @@ import os
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch

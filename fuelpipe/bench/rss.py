@@ -57,17 +57,29 @@ class PhasePeaks:
         self.phases: dict[str, dict[str, float]] = {}
         self.peak_resets = True
         self._name: Optional[str] = None
+        self._carried = 0.0  # the running phase's peak before its last part began
 
     def start(self, name: str) -> None:
         self.stop()
         self.peak_resets = reset_peak() and self.peak_resets
         self._name = name
+        self._carried = 0.0
         self.phases[name] = {"start_mb": current_mb()}
 
     def stop(self) -> None:
         if self._name is not None:
-            self.phases[self._name].update(peak_mb=peak_mb(), end_mb=current_mb())
+            self.phases[self._name].update(peak_mb=max(peak_mb(), self._carried), end_mb=current_mb())
             self._name = None
+
+    def part(self) -> None:
+        """Begin a part of the running phase (one oracle of the checks): its own peak is ``part_peak()`` at
+        its end, and the phase's peak still covers every part."""
+        self._carried = max(self._carried, peak_mb())
+        self.peak_resets = reset_peak() and self.peak_resets
+
+    def part_peak(self) -> float:
+        """The peak resident set since the running part began (the phase's, where peaks cannot be reset)."""
+        return peak_mb()
 
     def report(self) -> dict:
         self.stop()

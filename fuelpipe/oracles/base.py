@@ -72,6 +72,8 @@ class OracleResult:
     negative_control: bool = False
     fault: str = Fault.NONE.value
     seconds: float = 0.0
+    builds: int = 0  # programs built while the oracle ran (plans, batch plans, prompt programs)
+    build_s: float = 0.0  # and the seconds those builds took
     setup: dict[str, Any] = field(default_factory=dict)
     # Nothing was checked (for example transformers is not installed); ``detail`` says why. A skipped
     # result is never a pass (``passed`` is False) and never a failure (it does not fail the run).

@@ -10,6 +10,7 @@ from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from fuelpipe.oracles.registry import OracleSpec, Tolerance
+from fuelpipe.plan import build_tally
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,15 @@ def execute(
         other_model=other_model, tolerance=tolerance, fault=spec.fault if control else Fault.NONE, batch=batch,
         dense_model=dense_model,
     )
-    t0 = time.perf_counter()
+    t0, tally = time.perf_counter(), build_tally.current()
     try:
         result = spec.run(inp)
     except Exception as err:
         log.exception("oracle %s raised", spec.name)
         result = OracleResult(spec.name, False, {}, tolerance, f"raised {type(err).__name__}: {err}")
     result.seconds = time.perf_counter() - t0
+    spent = build_tally.current().since(tally)
+    result.builds, result.build_s = spent.builds, round(spent.seconds, 3)
     result.negative_control = control
     result.fault = inp.fault.value
     result.setup = setup.describe()

@@ -34,5 +34,5 @@ def run(inp: OracleInput) -> OracleResult:
         tolerance=0.0,
         detail=f"2 requests interleaved on one {shared.plan.mode.value} context vs solo runs, torch.equal over "
         f"{inp.new_tokens} tokens each (builds {shared.plan.stats.builds}, rebinds {shared.plan.stats.rebinds})"
-        + (f"; diverged: " + ", ".join(f"request {r} at step {f}" for r, f in diverged) if diverged else ""),
+        + ("; diverged: " + ", ".join(f"request {r} at step {f}" for r, f in diverged) if diverged else ""),
     )

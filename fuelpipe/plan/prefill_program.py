@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from fuelpipe.plan.backends import BACKENDS, BackendSpec, trace_step
+from fuelpipe.plan.build_tally import counted_build
 from fuelpipe.plan.fx_passes import passes_for_rows
 from fuelpipe.plan.weights_identity import WeightsPin, pin_weights, weights_identity
 
@@ -85,11 +86,13 @@ class PrefillPlans:
         if held is not None and held.key == key:
             return held.fn
         t0 = time.perf_counter()
-        # A prompt's attention is many queries against many keys: SDPA's blocked form, not the per-key kernel.
-        passes = tuple(p for p in passes_for_rows(self.spec.fx_passes, PREFILL_ROWS) if p != "slot_attention_kernel")
-        gm, _ = trace_step(make_step(), passes, PREFILL_ROWS, sequences=1)  # the head sees the last position
-        compiler = BACKENDS.get(self.spec.name).prompt_compiler
-        fn = _CompiledOnFirstCall(compiler(gm), self) if self.spec.compile_prompt and compiler else gm
+        with counted_build():
+            # A prompt's attention is many queries against many keys: SDPA's blocked form, not the per-key kernel.
+            passes = tuple(p for p in passes_for_rows(self.spec.fx_passes, PREFILL_ROWS)
+                           if p != "slot_attention_kernel")
+            gm, _ = trace_step(make_step(), passes, PREFILL_ROWS, sequences=1)  # the head sees the last position
+            compiler = BACKENDS.get(self.spec.name).prompt_compiler
+            fn = _CompiledOnFirstCall(compiler(gm), self) if self.spec.compile_prompt and compiler else gm
         took = time.perf_counter() - t0
         self.programs[kind] = PrefillProgram(key, fn, pin_weights(model), took)
         self.builds += 1

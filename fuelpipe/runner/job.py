@@ -115,8 +115,10 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
     oracles, bench = [], None
     partial["oracles"] = oracles  # the ones finished so far
     with bar(steps, f"fuelpipe {exp.name}") as progress:
+        phases.part()
         for result in run_oracles(cfg, asm, names):
-            oracles.append(result.to_json())
+            oracles.append(result.to_json() | {"peak_rss_mb": round(phases.part_peak(), 1)})
+            phases.part()  # the next oracle's peak starts here
             progress.update()
         if exp.bench.enabled:
             bench = run_decode_bench(

@@ -69,11 +69,15 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]
     if doc["oracles"]:
-        lines.append(f"{'oracle':<21} {'result':<6} {'metric':<44} tolerance")
+        lines.append(f"{'oracle':<21} {'result':<6} {'wall s':>7} {'builds':>6} {'peak MB':>7}  "
+                     f"{'metric':<44} tolerance")
         for o in doc["oracles"]:
             verdict = verdict_of(o)
             control = f" [negative control: {o['fault']}]" if o["negative_control"] else ""
-            lines.append(f"{o['name']:<21} {verdict:<6} {_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}")
+            twin = f" [on the {o['setup']['model']}]" if o.get("setup", {}).get("model") else ""
+            peak = f"{o['peak_rss_mb']:.0f}" if o.get("peak_rss_mb") is not None else "-"
+            lines.append(f"{o['name']:<21} {verdict:<6} {o['seconds']:>7.1f} {_builds(o):>6} {peak:>7}  "
+                         f"{_metric(o['metric']):<44} {_tol(o['tolerance'])}{control}{twin}")
             if not o["passed"]:  # a failure says what diverged, a skip why nothing was checked
                 lines.append(f"{'':<28}{o['detail']}")
     bench = doc["bench"]
@@ -138,6 +142,11 @@ def verdict_of(oracle: dict[str, Any]) -> str:
     if oracle.get("negative_control") and oracle["passed"]:
         return "PASS (fault NOT caught)"
     return "PASS" if oracle["passed"] else "FAIL"
+
+
+def _builds(oracle: dict[str, Any]) -> str:
+    """Programs the oracle built ('-' in documents written before they were counted)."""
+    return str(oracle["builds"]) if "builds" in oracle else "-"
 
 
 def _metric(metric: dict[str, Any]) -> str:

@@ -165,3 +165,23 @@ def test_a_scaling_bug_fails_the_rope_comparison(monkeypatch, bug):
         monkeypatch.setattr(rope, "_yarn_scale", lambda theta, dim, s: original(theta, dim, s).flip(0))
     bad = [r for r in compare_scalings(10000.0, 16) if not r.ok]
     assert bad, f"{bug} passed the RoPE comparison"
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_the_twin_of_a_float32_model_shares_its_weights_instead_of_copying_them(family):
+    """On a real checkpoint a copied twin doubles the memory of the check; a shared one costs nothing. A bfloat16
+    model's twin computes in float32, so there the weights are upcast copies."""
+    from models.registry import build_random_model
+
+    pytest.importorskip("transformers")
+    model = build_random_model(family, "tiny", seed=3)
+    hf = hf_twin.twin_of(model)
+    ours = {t.data_ptr() for t in model.state_dict().values()}
+    theirs = [p for p in hf.parameters()]
+    assert theirs and all(p.data_ptr() in ours for p in theirs)
+    if hf_twin._tied_head(hf):
+        assert hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
+    half = build_random_model(family, "tiny", seed=3, dtype=torch.bfloat16)
+    upcast = hf_twin.twin_of(half)
+    assert all(p.dtype == torch.float32 for p in upcast.parameters())
+    assert not {p.data_ptr() for p in upcast.parameters()} & {t.data_ptr() for t in half.state_dict().values()}

@@ -195,6 +195,9 @@ class ExperimentConfig:
     new_tokens: int = 8  # decode tokens per oracle run
     seed: int = 0  # torch's global seed for the job
     negative_control: bool = False  # inject every enabled oracle's fault (each must then fail)
+    # Oracles whose question the weights cannot change run on the family's tiny twin (fuelpipe/runner/twin.py)
+    # when the model is a checkpoint or a larger size; false: every oracle on the model itself.
+    mechanism_on_twin: bool = True
     oracles: Dict[str, OracleConfig] = field(default_factory=dict)  # composed: schema_class()
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)

@@ -259,7 +259,13 @@ def load_into_hf(hf: torch.nn.Module, model: torch.nn.Module) -> None:
             raise TwinError(f"the twin's weight {name!r} has no fuelpipe counterpart {key!r}")
     if unused:
         raise TwinError(f"fuelpipe weights the twin would not read: {sorted(unused)}")
-    hf.load_state_dict(mapped, strict=False)  # copies in place, so a tied head follows its embedding
+    tied = _tied_head(hf)
+    # Tensors already in the twin's dtype are shared, not copied: on a real checkpoint a copy doubles the
+    # memory the check needs (the twin's own, never-initialised storage is never touched, so never resident).
+    share = all(mapped[n].dtype == t.dtype and mapped[n].device == t.device for n, t in theirs.items() if n in mapped)
+    hf.load_state_dict(mapped, strict=False, assign=share)
+    if tied and share:
+        hf.tie_weights()  # the head follows the embedding it was tied to
 
 
 def twin_of(model) -> torch.nn.Module:

@@ -56,6 +56,10 @@ class OracleSpec:
     # installed package adds): whether the default gate runs it, and its MAX_ABS tolerance per dtype.
     enabled_by_default: bool = False
     default_tolerance: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Whether the answer can depend on the checkpoint's weights. False for questions about the engine's
+    # mechanism (plan reuse, isolation, rebinding, cache keys): the runner may ask them of the family's
+    # tiny twin instead of a large checkpoint (fuelpipe/runner/twin.py).
+    needs_checkpoint: bool = True
 
 
 def _fx_symbol_path(setup: Setup) -> Setup:
@@ -87,11 +91,14 @@ def _fx_passes(setup: Setup) -> Setup:
 _TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3}
 
 
-def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None) -> OracleSpec:
-    """A built-in oracle: in the default gate; max-abs ones at 1e-5 (f32) / 2e-2 (bf16) unless configured."""
+def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None, *,
+             mechanism: bool = False) -> OracleSpec:
+    """A built-in oracle: in the default gate; max-abs ones at 1e-5 (f32) / 2e-2 (bf16) unless configured.
+    ``mechanism``: its question is about the engine, which the checkpoint's weights cannot change."""
     extra = {} if fault_setup is None else {"fault_setup": fault_setup}
     return OracleSpec(name, run, tolerance, fault, enabled_by_default=True,
-                      default_tolerance=dict(_TOLERANCE) if tolerance is Tolerance.MAX_ABS else {}, **extra)
+                      default_tolerance=dict(_TOLERANCE) if tolerance is Tolerance.MAX_ABS else {},
+                      needs_checkpoint=not mechanism, **extra)
 
 
 BUILTIN_ORACLES = (
@@ -100,21 +107,23 @@ BUILTIN_ORACLES = (
         "vs_reference", vs_reference.run, Tolerance.MAX_ABS, Fault.NAIVE_DCE,
         _fx_symbol_path,
     ),
-    _builtin("plan_accounting", plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_EVERY_TOKEN),
-    _builtin("key_sensitivity", key_sensitivity.run, Tolerance.COUNTS, Fault.IGNORE_MODEL_IDENTITY),
+    _builtin("plan_accounting", plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_EVERY_TOKEN, mechanism=True),
+    _builtin("key_sensitivity", key_sensitivity.run, Tolerance.COUNTS, Fault.IGNORE_MODEL_IDENTITY, mechanism=True),
     _builtin(
         "request_isolation", request_isolation.run, Tolerance.BIT_EXACT, Fault.IGNORE_ALLOCATION,
-        _plan_once,
+        _plan_once, mechanism=True,
     ),
-    _builtin("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup),
-    _builtin("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE),
-    _builtin("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND),
+    _builtin("kv_sharing", kv_sharing.run, Tolerance.BIT_EXACT, Fault.UNSAFE_MASKED_SLOTS, kv_sharing.fault_setup,
+             mechanism=True),
+    _builtin("cache_lifecycle", cache_lifecycle.run, Tolerance.BIT_EXACT, Fault.STALE_ROPE, mechanism=True),
+    _builtin("rebind_guard", rebind_guard.run, Tolerance.BIT_EXACT, Fault.PARTIAL_REBIND, mechanism=True),
     _builtin("vs_transformers", vs_transformers.run, Tolerance.MAX_ABS, Fault.ROPE_FREQ_EXPONENT),
     _builtin("config_variants", config_variants.run, Tolerance.MAX_ABS, Fault.SPLIT_PARTS_INTERLEAVED, _fx_passes),
-    _builtin("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION),
-    _builtin("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW),
-    _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN),
-    _builtin("plan_cache", plan_cache.run, Tolerance.MAX_ABS, Fault.PLAN_CACHE_IGNORES_WEIGHTS),
+    _builtin("batch_vs_solo", batch_vs_solo.run, Tolerance.MAX_ABS, Fault.SHARED_BATCH_POSITION, mechanism=True),
+    _builtin("batch_isolation", batch_isolation.run, Tolerance.BIT_EXACT, Fault.STALE_PADDING_ROW, mechanism=True),
+    _builtin("batch_plan_accounting", batch_plan_accounting.run, Tolerance.COUNTS, Fault.REBUILD_ON_JOIN,
+             mechanism=True),
+    _builtin("plan_cache", plan_cache.run, Tolerance.MAX_ABS, Fault.PLAN_CACHE_IGNORES_WEIGHTS, mechanism=True),
     _builtin("quant_quality", quant_quality.run, Tolerance.COUNTS, Fault.QUANT_WRONG_SCALE),
     _builtin("kernel_parity", kernel_parity.run, Tolerance.DERIVED, Fault.KERNEL_TAIL_DROPPED),
 )

@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch import nn
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.plan.build_tally import counted_build
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
@@ -121,14 +122,28 @@ def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1,
     many sequences the step serves (the head's rows; a prompt program's 1), where it differs."""
     gm = trace_leaves_unregistered(step)
     applied = {}
-    for name in passes:
-        fx_pass = FX_PASSES.get(name)
-        if fx_pass.takes_sequences and sequences is not None:
-            applied[name] = fx_pass.run(gm, rows, sequences=sequences)
-        else:
-            applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
-    materialize_lazy_linears(gm)  # a fused group no pass rewrote runs on its concatenated weight
+    with _recompiled_once(gm):
+        for name in passes:
+            fx_pass = FX_PASSES.get(name)
+            if fx_pass.takes_sequences and sequences is not None:
+                applied[name] = fx_pass.run(gm, rows, sequences=sequences)
+            else:
+                applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
+        materialize_lazy_linears(gm)  # a fused group no pass rewrote runs on its concatenated weight
     return gm, applied
+
+
+@contextlib.contextmanager
+def _recompiled_once(gm: fx.GraphModule):
+    """Each pass ends in ``gm.recompile()`` so that it can run alone; in a chain only the last one matters.
+    Generating the code is most of a pass's cost on a small graph (a third of a tiny model's build), and no
+    pass runs the module's code, only its graph and submodules, so the chain regenerates it once."""
+    gm.recompile = lambda: None  # an instance attribute: shadows the method for this module only
+    try:
+        yield
+    finally:
+        del gm.recompile
+        gm.recompile()
 
 
 @dataclass(frozen=True)
@@ -224,7 +239,8 @@ BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", Back
 
 
 def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
-    program = BACKENDS.get(spec.name).build(spec, step, step_kind)
+    with counted_build():
+        program = BACKENDS.get(spec.name).build(spec, step, step_kind)
     if not isinstance(program, StepProgram):
         raise ConfigError(f"backend {spec.name!r} ({BACKENDS.source(spec.name)}) built {type(program).__name__}, "
                           "not a StepProgram")

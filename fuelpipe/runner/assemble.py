@@ -6,7 +6,7 @@ names here are known to exist.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -22,6 +22,7 @@ from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.runner.model_record import model_record
+from fuelpipe.runner.twin import Twin, twin_for
 from models.registry import build_random_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -41,6 +42,8 @@ class Assembly:
     model_record: dict = field(default_factory=dict)  # what was loaded (results.json ``model``)
     # For quantized weights (weights.dtype): the same checkpoint with its matrices as built.
     dense_model: Optional[Callable[[], DecodeBackbone]] = None
+    # The family's tiny twin for the oracles the weights cannot answer, built on first use; None: no twin.
+    twin: Optional[Callable[[], Optional[Twin]]] = None
 
 
 def quant_spec(w: Optional[DictConfig]):
@@ -130,5 +133,10 @@ def assemble(cfg: DictConfig) -> Assembly:
         )
     other = partial(build_model, m, device, seed=m.seed + 1, quant=quant)
     dense = None if quant is None else partial(build_model, m, device, seed=m.seed, quant=None)
+    twin = None
+    if cfg.experiment.mechanism_on_twin:
+        size = m.size if m.weights is Weights.random else None
+        twin = cache(partial(twin_for, record["family"], size, DTYPES[m.dtype.value], device, quant, prompts,
+                             max_seq_len))
     return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other, prompts,
-                    tokenizer, load, record, dense)
+                    tokenizer, load, record, dense, twin)

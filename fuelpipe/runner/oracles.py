@@ -24,12 +24,18 @@ def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterabl
 
 
 def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
+    """One oracle on the model, or on the family's tiny twin when its question does not need the weights."""
     exp = cfg.experiment
     oc = oracle_settings(exp.oracles, spec.name)
-    return execute(
-        spec, model=asm.model, setup=asm.setup, prompts=asm.prompts, new_tokens=exp.new_tokens,
-        max_seq_len=asm.max_seq_len, other_model=asm.other_model,
-        tolerance=tolerance_for(spec, oc.tolerance, numeric_form(cfg.model.dtype.value, asm.model)),
+    twin = None if spec.needs_checkpoint or asm.twin is None else asm.twin()
+    on = twin or asm
+    result = execute(
+        spec, model=on.model, setup=asm.setup, prompts=on.prompts, new_tokens=exp.new_tokens,
+        max_seq_len=on.max_seq_len, other_model=on.other_model,
+        tolerance=tolerance_for(spec, oc.tolerance, numeric_form(cfg.model.dtype.value, on.model)),
         control=bool(exp.negative_control or oc.inject_fault), batch=batch_spec(cfg.batch),
-        dense_model=asm.dense_model,
+        dense_model=on.dense_model,
     )
+    if twin is not None:
+        result.setup["model"] = twin.label
+    return result

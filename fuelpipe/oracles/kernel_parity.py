@@ -192,20 +192,38 @@ class _Grid:
     # ---- low-bit weights, built from codes (not quantized from floats: every code value is reachable) ----
 
     def packed(self, kind: QuantKind, n: int, k: int, g: int, sdtype: torch.dtype, probe: bool = False):
-        """(PackedWeight, |w| [n, k] f64 as the kernel sums it). ``probe``: row i has one nonzero code, at k = i."""
+        """(PackedWeight, |w| [n, k] f64 as the kernel sums it). ``probe``: row i has one nonzero code, at
+        column ``probe_columns(k)[i]`` (n must be their count)."""
         scales = (0.001 + 0.02 * torch.rand(n, k // g, generator=self.gen)).to(sdtype)
         s = scales.double().repeat_interleave(g, dim=-1)
         if kind is QuantKind.int8:
             codes = self.randint(-127, 128, n, k)
             if probe:
                 sign = self.randint(0, 2, n) * 2 - 1
-                codes = torch.diag_embed(sign * self.randint(64, 128, n))[:, :k]
+                codes = _one_per_row(sign * self.randint(64, 128, n), k)
             p = PackedWeight(kind, codes.to(torch.int8).contiguous(), scales.contiguous())
             return p, codes.double().abs() * s
-        codes = torch.eye(n, k, dtype=torch.long) * 15 if probe else self.randint(0, 16, n, k)
+        codes = _one_per_row(torch.full((n,), 15), k) if probe else self.randint(0, 16, n, k)
         mins = torch.zeros_like(scales) if probe else (-8 * torch.rand(n, k // g, generator=self.gen) * 0.02).to(sdtype)
         p = PackedWeight(kind, formats.pack_int4(codes), scales.contiguous(), mins.contiguous())
         return p, codes.double() * s + mins.double().abs().repeat_interleave(g, dim=-1)
+
+
+def probe_columns(k: int) -> list[int]:
+    """The columns the probe rows read: every column of the first and last two blocks (where a kernel's
+    head and tail handling lives) and a column every 7 in between. Every column of K would make the probe
+    K x K: 4.3 M codes at K = 2080, a gigabyte of float64 bounds on a real checkpoint's widths."""
+    edge = 2 * BLOCK
+    if k <= 2 * edge:
+        return list(range(k))
+    return [*range(edge), *range(edge, k - edge, 7), *range(k - edge, k)]
+
+
+def _one_per_row(values: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, k] long codes: row i holds ``values[i]`` at ``probe_columns(k)[i]``, zero elsewhere."""
+    codes = torch.zeros(len(values), k, dtype=torch.long)
+    codes[torch.arange(len(values)), torch.tensor(probe_columns(k))] = values
+    return codes
 
 
 def _quant_call(ops, kind: QuantKind, a16: bool, x: torch.Tensor, p: PackedWeight, bias):
@@ -231,7 +249,7 @@ def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
                                  _quant_call(ops, kind, a16, grid.feed(x), p, bias),
                                  _quant_reference, x, p, w_abs, bias, a16)
         # Probe: one code per output, so each output is one activation code times one weight.
-        p, w_abs = grid.packed(kind, k, k, g, sdtype, probe=True)
+        p, w_abs = grid.packed(kind, len(probe_columns(k)), k, g, sdtype, probe=True)
         x = grid.activations(3, k)
         grid.tally.check(f"{op}_a16", f"probe {label}", _quant_call(ops, kind, True, grid.feed(x), p, None),
                          _quant_reference, x, p, w_abs, None, True)

@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 from fuelpipe import report
 from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
+from fuelpipe.config.prompt_source import read_prompt_sources
 from fuelpipe.errors import ConfigError
 from fuelpipe.results import (
     CRASHED, ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, INTERRUPTED, RESULTS_FILE, SKIPPED, UNCAUGHT,
@@ -59,6 +60,9 @@ def run(argv: list[str]) -> int:
 
     args = get_args_parser().parse_args(argv)
     try:
+        texts = read_prompt_sources(args.overrides)  # prompt=@FILE, prompt=-: the text itself from here on
+        args.overrides = [texts.get(o, o) for o in args.overrides]
+        argv = [texts.get(a, a) for a in argv]
         pre = preflight(
             args.overrides, config_name=args.config_name or "config", config_dir=args.config_dir,
             multirun=args.multirun,

@@ -57,7 +57,7 @@ def test_a_prompt_hydra_cannot_parse_exits_2_with_the_quoting_that_works(tmp_pat
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     err = proc.stderr
     assert "Traceback" not in proc.stdout + err and "internal error" not in err, err
-    assert f"fuelpipe: configuration error: " in err and typed[-1] in err  # names the override (or word) refused
+    assert "fuelpipe: configuration error: " in err and typed[-1] in err  # names the override (or word) refused
     assert shown in err and "prompt=@path/to/prompt.txt" in err and "prompt=-" in err
     assert not (tmp_path / "refused").exists()  # nothing ran
     # The suggestion, pasted as the shell splits it, generates from exactly the prompt meant

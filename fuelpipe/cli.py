@@ -52,7 +52,27 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
         sys.exit(report.main(argv[1:]))
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:  # before the run started (reading a prompt, checking the command line)
+        print("fuelpipe: interrupted (Ctrl-C) before the run started; nothing ran", file=sys.stderr)
+        code = EXIT_CODES[INTERRUPTED]
+    if code == EXIT_CODES[INTERRUPTED]:
+        _exit_now(code)
+    sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """Ctrl-C: leave within a second. What the run wrote is complete (results.json and plan-cache entries are
+    published by one rename); the exit handlers still run (they stop compile workers, flush logs), but not
+    the interpreter's teardown of torch, which takes seconds and frees only what the kernel frees anyway."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(argv: list[str]) -> int:

@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 from fuelpipe import report
 from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
+from fuelpipe.config.prompt_source import read_prompt_sources
 from fuelpipe.errors import ConfigError
 from fuelpipe.results import (
     CRASHED, ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, INTERRUPTED, RESULTS_FILE, SKIPPED, UNCAUGHT,
@@ -51,7 +52,27 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
         sys.exit(report.main(argv[1:]))
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:  # before the run started (reading a prompt, checking the command line)
+        print("fuelpipe: interrupted (Ctrl-C) before the run started; nothing ran", file=sys.stderr)
+        code = EXIT_CODES[INTERRUPTED]
+    if code == EXIT_CODES[INTERRUPTED]:
+        _exit_now(code)
+    sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """Ctrl-C: leave within a second. What the run wrote is complete (results.json and plan-cache entries are
+    published by one rename); the exit handlers still run (they stop compile workers, flush logs), but not
+    the interpreter's teardown of torch, which takes seconds and frees only what the kernel frees anyway."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(argv: list[str]) -> int:
@@ -59,6 +80,9 @@ def run(argv: list[str]) -> int:
 
     args = get_args_parser().parse_args(argv)
     try:
+        texts = read_prompt_sources(args.overrides)  # prompt=@FILE, prompt=-: the text itself from here on
+        args.overrides = [texts.get(o, o) for o in args.overrides]
+        argv = [texts.get(a, a) for a in argv]
         pre = preflight(
             args.overrides, config_name=args.config_name or "config", config_dir=args.config_dir,
             multirun=args.multirun,

@@ -97,3 +97,39 @@ def test_a_crash_outside_run_systems_is_typed():
     with pytest.raises(PeerCrashed, match="SIGSEGV"):
         s.run([1, 2], 2)
     s.close()
+
+
+class SlowPeer(SteadyPeer):
+    def run(self, prompt, new_tokens):
+        import time
+
+        time.sleep(60)
+        return super().run(prompt, new_tokens)
+
+
+@pytest.mark.parametrize("to_worker", [True, False], ids=["terminal-ctrl-c", "parent-only"])
+def test_ctrl_c_while_a_peer_runs_stops_its_worker_at_once_and_quietly(capfd, to_worker):
+    """A terminal's Ctrl-C reaches the worker too (it exits without a traceback); sent to this process
+    alone, the worker mid-run is killed rather than waited for (``close`` gave it 30 s)."""
+    import threading
+    import time
+
+    system = IsolatedSystem(SlowPeer, 1)
+    system.setup()  # the worker is up
+    worker = system._proc
+
+    def ctrl_c():
+        if to_worker:
+            os.kill(worker.pid, signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(1.0, ctrl_c)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            system.run([1, 2, 3], 4)
+        finally:
+            system.close()
+    assert time.monotonic() - t0 < 5.0 and not worker.is_alive()
+    assert "Traceback" not in capfd.readouterr().err

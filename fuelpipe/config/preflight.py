@@ -19,12 +19,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fuelpipe.config.paths import conf_dir
 from fuelpipe.config.schema import register_configs
 from fuelpipe.config.keys import schema_key_problem
+from fuelpipe.config.override_text import parse_problems, quoting_hint
 from models.registry import did_you_mean
 
 VERSION_BASE = "1.3"
@@ -56,7 +57,7 @@ def preflight(
         try:
             parsed = parser.parse_overrides(overrides)
         except HydraException as err:
-            return Preflight([_message(err)], multirun, None)
+            return Preflight(parse_problems(overrides, parser.parse_override) or [_message(err)], multirun, None)
         options = _GroupOptions(config_name, [o.input_line for o in parsed if o.key_or_group == "hydra.searchpath"])
         problems = _group_problems(parsed, options) + _key_problems(parsed, options)
         if problems:
@@ -65,6 +66,9 @@ def preflight(
         if problem:
             return Preflight([problem], multirun, None)
         multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN
+        problems = ([] if multirun else _sweep_problems(parsed)) + _interpolation_problems(cfg, parsed)
+        if problems:
+            return Preflight(problems, multirun, None)
         if multirun and cfg.hydra.sweeper.get("params"):
             # Sweep axes set in a config (hydra.sweeper.params): checked like command-line ones,
             # which take precedence over them.
@@ -119,6 +123,34 @@ def _key_problems(parsed: list[Override], group_options: _GroupOptions) -> list[
         problem = schema_key_problem(key)
         if problem:
             problems.append(problem)
+    return problems
+
+
+def _sweep_problems(parsed: list[Override]) -> list[str]:
+    """A sweep in a run that is not one (Hydra stops there with exit 1): often a comma in a text value."""
+    problems = []
+    for o in parsed:
+        if o.is_sweep_override():
+            key, _, value = o.input_line.partition("=")
+            values = _values(o)
+            problems.append(f"{o.input_line!r} is a sweep over {len(values)} values {values}, but this run is not a "
+                            f"sweep (add -m to sweep over them)\n  {quoting_hint(key, value)}")
+    return problems
+
+
+def _interpolation_problems(cfg: DictConfig, parsed: list[Override]) -> list[str]:
+    """A value typed with ``${...}`` that does not resolve (a missing key): named before the run resolves it."""
+    problems = []
+    for o in parsed:
+        key = o.key_or_group
+        if key.split(".")[0] == "hydra" or "${hydra:" in o.input_line or o.is_delete() or "${" not in o.input_line:
+            continue
+        try:
+            OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException as err:
+            typed_key, _, value = o.input_line.partition("=")
+            problems.append(f"{o.input_line!r} does not resolve: {str(err).splitlines()[0]}\n  "
+                            f"{quoting_hint(typed_key, value)}")
     return problems
 
 

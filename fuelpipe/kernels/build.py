@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import subprocess
@@ -31,6 +32,7 @@ from fuelpipe.errors import FuelpipeError
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 _LOADED: dict[str, str] = {}
 _READY: list[str] = []  # the library loaded in this process: later calls return at once (no digest)
 
@@ -95,6 +97,8 @@ def load() -> str:
                 return _LOADED[digest]
             except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
                 pass
+        log.info("phase: kernel build: compiling fuelpipe's C++ kernels into %s (once per machine and source; "
+                 "about a minute)", folder)
         try:
             path = cpp_extension.load(
                 name=f"fuelpipe_kernels_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(folder),

@@ -1,6 +1,7 @@
 """DecodeSession: one held step program, its bound KV, and the key it is valid for."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
 
@@ -23,6 +24,8 @@ from fuelpipe.plan.validity import (
     StorageFingerprint,
     interchangeable,
 )
+
+log = logging.getLogger(__name__)
 
 
 class DecodeSession:
@@ -137,6 +140,8 @@ class DecodeSession:
     def realize_first(self, host: TokenHostData) -> torch.Tensor:
         """Run the build token (includes any lazy compilation, counted as build time)."""
         t0 = time.perf_counter()
+        if self.program.compiles_on_first_call:
+            log.info("phase: compile (backend=%s, %s step)", self.program.backend, self.step_kind)
         with self.program.first_call_context():
             out = self._call(host)
         if self.program.compiles_on_first_call:

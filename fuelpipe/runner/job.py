@@ -79,6 +79,7 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
     allocator = return_large_frees_to_os()  # before anything large is allocated (fuelpipe.allocator)
     phases = PhasePeaks()  # resident memory per phase: load, prefill, first decode (plan build), decode, checks
     phases.start("load")
+    log.info("phase: load (model=%s %s, weights=%s)", cfg.model.family, cfg.model.size, cfg.model.weights.value)
     try:
         reasons = validate(cfg)
     except BAD_INPUT as err:  # e.g. two installed packages registering one family name
@@ -121,6 +122,7 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
             phases.part()  # the next oracle's peak starts here
             progress.update()
         if exp.bench.enabled:
+            log.info("phase: benchmark (%d tokens after %d warm-up)", exp.bench.tokens, exp.bench.warmup)
             bench = run_decode_bench(
                 asm.model,
                 asm.setup,

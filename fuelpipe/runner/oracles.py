@@ -1,6 +1,7 @@
 """Run the experiment's enabled oracles, each on its own fresh contexts."""
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from omegaconf import DictConfig
@@ -12,6 +13,8 @@ from fuelpipe.oracles.registry import ORACLES, OracleSpec, oracle_settings
 from fuelpipe.oracles.registry import enabled_oracles as registry_enabled
 from fuelpipe.runner.assemble import Assembly
 
+log = logging.getLogger(__name__)
+
 
 def enabled_oracles(exp: DictConfig) -> list[str]:
     return registry_enabled(exp.oracles)
@@ -19,7 +22,9 @@ def enabled_oracles(exp: DictConfig) -> list[str]:
 
 def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterable[OracleResult]:
     """Yield one result per oracle (a generator, so a caller can show progress)."""
-    for name in names:
+    names = list(names)
+    for i, name in enumerate(names):
+        log.info("phase: oracle %s (%d/%d)", name, i + 1, len(names))
         yield run_one(cfg, asm, ORACLES.get(name))
 
 

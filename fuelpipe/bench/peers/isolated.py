@@ -29,7 +29,15 @@ class PeerCrashed(FuelpipeError):
 
 
 def _serve(conn, make: Callable[[], PeerSystem], threads: int) -> None:
-    """The worker: build the system, then answer commands until told to stop."""
+    """The worker: build the system, then answer commands until told to stop; Ctrl-C (the terminal sends
+    it to the worker too) ends it quietly, the parent records the stop."""
+    try:
+        _answer(conn, make, threads)
+    except KeyboardInterrupt:
+        pass
+
+
+def _answer(conn, make: Callable[[], PeerSystem], threads: int) -> None:
     import psutil
     import torch
 
@@ -97,6 +105,11 @@ class IsolatedSystem(PeerSystem):
         try:
             self._conn.send((cmd, args))
             status, out = self._conn.recv()
+        except KeyboardInterrupt:  # Ctrl-C: the command's answer is not wanted; stop the worker now, not after it
+            self._proc.kill()
+            self._proc.join()
+            self._proc = None
+            raise
         except (EOFError, OSError, BrokenPipeError):
             self._proc.join(timeout=30)
             how = describe_exit(self._proc.exitcode)

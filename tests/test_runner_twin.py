@@ -11,8 +11,8 @@ from fuelpipe.runner.table import render
 from models.registry import build_random_model
 from weights_helpers import write_llama_gguf
 
-MECHANISM = ("key_sensitivity", "rebind_guard", "batch_isolation", "plan_cache")
-WEIGHTS = ("plan_vs_replan", "vs_reference", "config_variants", "kernel_parity", "vs_transformers")
+MECHANISM = ("plan_vs_replan", "key_sensitivity", "rebind_guard", "batch_isolation", "plan_cache")
+WEIGHTS = ("vs_reference", "config_variants", "kernel_parity", "vs_transformers")
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,13 @@ def test_mechanism_oracles_run_on_the_twin_and_weight_oracles_on_the_checkpoint(
     on_twin = run_one(cfg, asm, ORACLES.get("key_sensitivity"))
     assert on_twin.passed, on_twin.detail
     assert on_twin.setup["model"] == "llama tiny twin (random weights, seed 0)"
-    on_model = run_one(cfg, asm, ORACLES.get("plan_vs_replan"))
+    on_model = run_one(cfg, asm, ORACLES.get("vs_reference"))
     assert on_model.passed and "model" not in on_model.setup
     table = render({"config": cfg_json(cfg), "experiment": "parity", "env": {"device": "cpu", "threads": 1},
                     "reasons": [], "status": "ok", "oracles": [on_twin.to_json(), on_model.to_json()], "bench": None})
     line = next(x for x in table.splitlines() if x.startswith("key_sensitivity"))
     assert line.endswith("[on the llama tiny twin (random weights, seed 0)]")
-    assert "twin" not in next(x for x in table.splitlines() if x.startswith("plan_vs_replan"))
+    assert "twin" not in next(x for x in table.splitlines() if x.startswith("vs_reference"))
 
 
 def test_a_negative_control_on_the_twin_is_still_caught(compose_cfg, checkpoint):

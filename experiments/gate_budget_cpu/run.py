@@ -44,6 +44,9 @@ def measure(model: str) -> dict:
                               env=dict(os.environ, CI="true"))
         wall = time.perf_counter() - t0
         doc = json.loads((Path(out) / "results.json").read_text())
+    if "memory" not in doc:
+        raise SystemExit(f"{model}: exit {proc.returncode}, status {doc['status']}: {doc.get('reasons')}\n"
+                         f"{proc.stderr[-3000:]}")
     phases = doc["memory"]["phases"]
     peaks = {k: v["peak_mb"] for k, v in phases.items() if "peak_mb" in v}
     oracles = [{"name": o["name"], "verdict": "SKIP" if o.get("skipped") else ("PASS" if o["passed"] else "FAIL"),

@@ -102,7 +102,7 @@ def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None, *,
 
 
 BUILTIN_ORACLES = (
-    _builtin("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET),
+    _builtin("plan_vs_replan", plan_vs_replan.run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET, mechanism=True),
     _builtin(
         "vs_reference", vs_reference.run, Tolerance.MAX_ABS, Fault.NAIVE_DCE,
         _fx_symbol_path,

@@ -9,8 +9,10 @@ oracles (``OracleSpec.needs_checkpoint`` False) run on the family's registered `
 random weights, in the same dtype, weight format, cache layout, backend and plan mode, and their
 result names the twin (``setup.model``). The tiny sizes are built so each structural difference bites
 in a short test (Gemma 3's is an 8-position window, not 512). Oracles whose answer is about the
-weights (the fast path vs the eager reference and transformers, quantization bounds, kernels at the
-model's widths, the variants' numerics) run on the checkpoint itself.
+weights (the held fast path vs the eager reference and transformers, quantization bounds, kernels at
+the model's widths, the variants' numerics) run on the checkpoint itself. ``plan_vs_replan`` (a held
+plan against one built afresh each token: the same arithmetic on any weights) runs on the twin, while
+``vs_reference`` asks the weights' question of the same held plan.
 
 ``experiment.mechanism_on_twin=false`` runs every oracle on the model itself.
 """

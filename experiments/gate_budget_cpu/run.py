@@ -27,6 +27,7 @@ ROOT = HERE.parents[1]
 BUDGET_S = {"gemma3_270m": 300, "smollm2_135m": 180, "llama_tiny": 120, "phi_tiny": 120, "qwen3_tiny": 120,
             "gemma3_tiny": 120, "deepseek_v2_tiny": 120}
 BUDGET_MB = {"gemma3_270m": 2048}
+EXTRA = {"deepseek_v2_tiny": ["kv=latent"]}  # MLA decodes from its latent cache
 
 
 def cpu_name() -> str:
@@ -40,7 +41,7 @@ def measure(model: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "fuelpipe", f"model={model}", "experiment=parity",
-                               f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
+                               *EXTRA.get(model, []), f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
                               env=dict(os.environ, CI="true"))
         wall = time.perf_counter() - t0
         doc = json.loads((Path(out) / "results.json").read_text())
@@ -52,7 +53,7 @@ def measure(model: str) -> dict:
     oracles = [{"name": o["name"], "verdict": "SKIP" if o.get("skipped") else ("PASS" if o["passed"] else "FAIL"),
                 "seconds": round(o["seconds"], 1), "builds": o.get("builds"), "peak_rss_mb": o.get("peak_rss_mb"),
                 "on": o.get("setup", {}).get("model", "the model")} for o in doc["oracles"]]
-    return {"model": model, "exit": proc.returncode, "status": doc["status"], "wall_s": round(wall, 1),
+    return {"model": model, "overrides": EXTRA.get(model, []), "exit": proc.returncode, "status": doc["status"], "wall_s": round(wall, 1),
             "peak_rss_mb": round(max(peaks.values()), 0), "peak_phase": max(peaks, key=peaks.get),
             "budget_s": BUDGET_S.get(model), "budget_mb": BUDGET_MB.get(model), "oracles": oracles,
             "load_s": (doc.get("load") or {}).get("load_s")}
@@ -64,6 +65,7 @@ def main(models: list[str]) -> None:
     for model in models:
         run = measure(model)
         record["runs"][model] = run
+        path.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{model}: exit {run['exit']} {run['status']} {run['wall_s']} s (budget {run['budget_s']} s), "
               f"peak {run['peak_rss_mb']:.0f} MB in {run['peak_phase']}", flush=True)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,

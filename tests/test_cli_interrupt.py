@@ -149,8 +149,12 @@ def test_ctrl_c_while_starting_exits_130_saying_nothing_ran(tmp_path):
 
 
 # (phase line the run logs, seconds to wait after it, the run's arguments); each run stops in that phase.
-# (The tiny models load in milliseconds: Ctrl-C cannot be landed in a load; the generation test covers decode.)
+# (The tiny models load in milliseconds: the load phase builds a 1 GB random model of the tiny Llama's family,
+# seconds of work, to land Ctrl-C in it; the generation test covers decode.)
+BIG_RANDOM = ["+model.overrides.hidden_size=1024", "+model.overrides.intermediate_size=4096",
+              "+model.overrides.num_hidden_layers=16"]
 PHASES = {
+    "load": ("phase: load", 0.5, BIG_RANDOM),
     "oracle": ("phase: oracle kv_sharing", 0.3, ["backend=eager"]),
     "benchmark": ("phase: benchmark", 1.0, ["backend=fx", "experiment=bench", "experiment.bench.tokens=480"]),
     "inductor-compile": ("phase: compile (backend=inductor", 1.0, ["backend=inductor", "experiment=bench"]),
@@ -158,8 +162,8 @@ PHASES = {
 }
 
 
-@pytest.mark.parametrize("phase", [p if "compile" not in p else pytest.param(p, marks=pytest.mark.slow)
-                                   for p in PHASES])
+@pytest.mark.parametrize("phase", [p if p not in ("load", "inductor-compile", "aot-compile")
+                                   else pytest.param(p, marks=pytest.mark.slow) for p in PHASES])
 def test_ctrl_c_in_each_phase_stops_within_the_bound_marked_interrupted(tmp_path, phase):
     line, after, args = PHASES[phase]
     run = tmp_path / "run"
@@ -169,6 +173,8 @@ def test_ctrl_c_in_each_phase_stops_within_the_bound_marked_interrupted(tmp_path
     check_clean_stop(cli, cli.ctrl_c())
     doc = read_results(run / "results.json")
     assert schema_problems(doc) == [] and doc["status"] == "interrupted" and doc["passed"] is False
+    if phase == "load":  # stopped before anything was generated
+        assert not doc.get("generation"), doc.get("generation")
     if phase == "oracle":  # the oracles that finished are kept, the one running is not
         names = [o["name"] for o in doc["oracles"]]
         assert names and "kv_sharing" not in names and "request_isolation" in names

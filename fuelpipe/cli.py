@@ -123,7 +123,8 @@ def _task(cfg: DictConfig) -> str:
         doc = run_job(cfg, overrides=overrides, choices=choices)
         path = write_results(out, doc)
         print(render(doc))
-        print(f"results: {path}")
+        if doc["status"] != INTERRUPTED:  # an interrupted run's path is printed once, by _interrupted
+            print(f"results: {path}")
     if doc["status"] == INTERRUPTED:
         raise KeyboardInterrupt  # Ctrl-C: no further job starts
     return doc["status"]

@@ -173,6 +173,8 @@ def test_ctrl_c_in_each_phase_stops_within_the_bound_marked_interrupted(tmp_path
     check_clean_stop(cli, cli.ctrl_c())
     doc = read_results(run / "results.json")
     assert schema_problems(doc) == [] and doc["status"] == "interrupted" and doc["passed"] is False
+    assert cli.stdout.count(f"results: {run / 'results.json'}") == 1, cli.stdout[-2000:]
+    assert "cannot run" not in cli.stdout  # an interrupted run is not a combination that cannot run
     if phase == "load":  # stopped before anything was generated
         assert not doc.get("generation"), doc.get("generation")
     if phase == "oracle":  # the oracles that finished are kept, the one running is not

@@ -65,6 +65,9 @@ def render(doc: dict[str, Any]) -> str:
     elif doc["reasons"] and doc["status"] == "uncaught":
         lines.append("uncaught: a negative control did not make its oracle fail:")
         lines += [f"  - {r}" for r in doc["reasons"]]
+    elif doc["reasons"] and doc["status"] == "interrupted":
+        lines.append("interrupted (Ctrl-C): what ran so far is kept, marked interrupted:")
+        lines += [f"  - {r}" for r in doc["reasons"]]
     elif doc["reasons"]:
         lines.append(f"{doc['status']}: this combination cannot run:")
         lines += [f"  - {r}" for r in doc["reasons"]]

@@ -12,7 +12,7 @@ import numbers
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -271,6 +271,34 @@ class InferenceContext:
         reserved (a paged sequence takes every block it will write now, or raises with the
         sequence and its pool untouched).
         """
+        if on_token is not None and not callable(on_token):
+            raise InputError(f"generate: on_token must be callable, got {type(on_token).__name__} {on_token!r}")
+        result = GenerationResult([], [])
+        for token in self.generate_iter(prompt_ids, max_new_tokens, sampler=sampler, cache=cache,
+                                        max_seq_len=max_seq_len, stop_ids=stop_ids, keep_logits=keep_logits,
+                                        result=result):
+            if on_token is not None:
+                on_token(token)
+        return result
+
+    def generate_iter(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        sampler: Sampler = greedy,
+        cache: Optional[ContiguousKvCache] = None,
+        max_seq_len: Optional[int] = None,
+        stop_ids: Sequence[int] = (),
+        keep_logits: bool = False,
+        result: Optional[GenerationResult] = None,
+    ) -> Iterator[int]:
+        """``generate``'s tokens one at a time, each as soon as it is sampled.
+
+        The arguments are checked and the cache reserved now, before the first token is asked for.
+        A caller that stops asking ends the generation: the next decode step never runs. ``result``,
+        when given, is filled as ``generate``'s result is (tokens, timings, logits).
+        """
         prompt = _as_id_list(prompt_ids, "generate: prompt_ids")
         if not prompt:
             raise InputError("generate: the prompt must hold at least one token")
@@ -280,9 +308,8 @@ class InferenceContext:
             raise InputError(f"generate: prompt token ids must lie in [0, {vocab}), got {bad[:8]}")
         max_new_tokens = _count("generate: max_new_tokens", max_new_tokens)
         stops = set(_as_id_list(stop_ids, "generate: stop_ids"))
-        for name, fn in (("sampler", sampler), ("on_token", on_token)):
-            if not callable(fn) and not (name == "on_token" and fn is None):
-                raise InputError(f"generate: {name} must be callable, got {type(fn).__name__} {fn!r}")
+        if not callable(sampler):
+            raise InputError(f"generate: sampler must be callable, got {type(sampler).__name__} {sampler!r}")
         need = len(prompt) + max(0, max_new_tokens - 1)  # the last sampled token is never fed back
         if cache is None:
             if max_seq_len is not None:
@@ -310,7 +337,14 @@ class InferenceContext:
             )
         self._check_cache(cache)
         cache.reserve(start + need)  # all or nothing, before the prefill writes anything
-        result = GenerationResult(prompt, [])
+        if result is None:
+            result = GenerationResult(prompt, [])
+        result.prompt_ids = prompt
+        return self._steps(prompt, max_new_tokens, sampler, cache, stops, keep_logits, result)
+
+    def _steps(self, prompt: list[int], max_new_tokens: int, sampler: Sampler, cache, stops: set[int],
+               keep_logits: bool, result: GenerationResult) -> Iterator[int]:
+        """The generate loop over checked arguments: sample, hand the token out, decode it unless it ends the run."""
         t0 = time.perf_counter()
         logits = self.prefill(cache, prompt)
         result.prefill_s = time.perf_counter() - t0
@@ -319,14 +353,12 @@ class InferenceContext:
             result.tokens.append(token)
             if keep_logits:
                 result.logits.append(logits[0].clone())
-            if on_token is not None:
-                on_token(token)
+            yield token
             if token in stops or i == max_new_tokens - 1:
                 break
             t0 = time.perf_counter()
             logits = self.decode(cache, token)
             result.decode_s.append(time.perf_counter() - t0)
-        return result
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -32,7 +32,7 @@ def test_2x2x2_joblib_sweep_and_report(tmp_path):
          d["config"]["plan"]["mode"]) for d in docs
     }
     assert len(combos) == 8
-    assert "Joblib.Parallel(n_jobs=2," in proc.stdout  # the shipped launcher config ran the jobs
+    assert "joblib is launching 8 jobs with loky (n_jobs=2," in proc.stdout  # the shipped launcher config ran them
     assert "sweep: 8 jobs, ok 8" in proc.stdout
 
     out = tmp_path / "report"

@@ -29,6 +29,16 @@ try:
 except ImportError:  # the [submitit] extra is not installed
     LocalLauncher = SlurmLauncher = None
 
+_OURS = ("FuelpipeSubmititLocalLauncher", "FuelpipeSubmititSlurmLauncher")
+
+
+def __getattr__(name: str) -> Any:
+    """Without the plugin these launchers do not exist: say what to install when a config names one."""
+    if name in _OURS:
+        raise ImportError(f"{name} needs Hydra's submitit launcher, which is not installed: "
+                          "pip install -e \".[submitit]\" (or pip install hydra-submitit-launcher)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 class _AwaitedAlone:
     """A submitted job whose ``results()`` records the job lost instead of raising."""

@@ -61,9 +61,13 @@ def test_mechanism_on_twin_false_runs_every_oracle_on_the_model(compose_cfg, che
     assert "model" not in run_one(cfg, asm, ORACLES.get("key_sensitivity")).setup
 
 
-def test_a_random_tiny_model_is_its_own_twin(compose_cfg):
-    cfg = compose_cfg(["model=llama_tiny"])
-    assert assemble(cfg).twin() is None
+@pytest.mark.parametrize("model", ["llama_tiny", "deepseek_v2_tiny_dense"])
+def test_a_random_model_is_its_own_twin(compose_cfg, model):
+    """Every oracle runs on a random model, whatever its size: the dense DeepSeek is not the MoE tiny."""
+    cfg = compose_cfg([f"model={model}", *(["kv=latent"] if model.startswith("deepseek") else [])])
+    asm = assemble(cfg)
+    assert asm.twin is None
+    assert "model" not in run_one(cfg, asm, ORACLES.get("rebind_guard")).setup
 
 
 def cfg_json(cfg):

@@ -134,9 +134,7 @@ def assemble(cfg: DictConfig) -> Assembly:
     other = partial(build_model, m, device, seed=m.seed + 1, quant=quant)
     dense = None if quant is None else partial(build_model, m, device, seed=m.seed, quant=None)
     twin = None
-    if cfg.experiment.mechanism_on_twin:
-        size = m.size if m.weights is Weights.random else None
-        twin = cache(partial(twin_for, record["family"], size, DTYPES[m.dtype.value], device, quant, prompts,
-                             max_seq_len))
+    if cfg.experiment.mechanism_on_twin and m.weights is not Weights.random:  # a random model is its own twin
+        twin = cache(partial(twin_for, record["family"], DTYPES[m.dtype.value], device, quant, prompts, max_seq_len))
     return Assembly(model, setup_from(cfg), device, max_seq_len, torch.get_num_threads(), other, prompts,
                     tokenizer, load, record, dense, twin)

@@ -5,16 +5,20 @@ refused rebind whole, do batched rows stay apart, does the plan cache key see wh
 answer depends on the family's structure (its per-layer masks, RoPE plans, cache layout, step kinds)
 and not on the weights' values, so asking it of a multi-gigabyte checkpoint buys nothing but time
 and memory: every such oracle builds its own plans, and some another copy of the model. Those
-oracles (``OracleSpec.needs_checkpoint`` False) run on the family's registered ``tiny`` size with
-random weights, in the same dtype, weight format, cache layout, backend and plan mode, and their
-result names the twin (``setup.model``). The tiny sizes are built so each structural difference bites
+oracles (``OracleSpec.needs_checkpoint`` False) run, when the model is a checkpoint, on the family's
+registered ``tiny`` size with random weights, in the same dtype, weight format, cache layout, backend
+and plan mode, and their result names the twin (``setup.model``). The tiny sizes are built so each structural difference bites
 in a short test (Gemma 3's is an 8-position window, not 512). Oracles whose answer is about the
 weights (the held fast path vs the eager reference and transformers, quantization bounds, kernels at
 the model's widths, the variants' numerics) run on the checkpoint itself. ``plan_vs_replan`` (a held
 plan against one built afresh each token: the same arithmetic on any weights) runs on the twin, while
 ``vs_reference`` asks the weights' question of the same held plan.
 
-``experiment.mechanism_on_twin=false`` runs every oracle on the model itself.
+A random model is its own twin: every oracle runs on it (a ``tiny_dense`` DeepSeek must not be asked
+about the MoE ``tiny``). The twin has the tiny size's structure, not the checkpoint's structural options
+(a checkpoint without DeepSeek's q low-rank projection is still asked about the engine with one): the
+checkpoint's own structure is exercised, on its weights, by the held plan in ``vs_reference``.
+``experiment.mechanism_on_twin=false`` runs every oracle on the checkpoint itself.
 """
 from __future__ import annotations
 
@@ -43,12 +47,12 @@ class Twin:
     label: str  # how a result names it
 
 
-def twin_for(family: str, size: Optional[str], dtype: torch.dtype, device: torch.device, quant,
+def twin_for(family: str, dtype: torch.dtype, device: torch.device, quant,
              prompts: tuple[tuple[int, ...], ...], max_seq_len: int) -> Optional[Twin]:
-    """The family's tiny twin, or None when the model is that twin already or the family has none (an
-    installed family without a ``tiny`` size: its oracles all run on the model itself)."""
+    """A checkpoint's tiny twin, or None when its family has no ``tiny`` size (an installed family: its
+    oracles all run on the checkpoint)."""
     entry = families().get(family)
-    if entry is None or TWIN_SIZE not in entry.sizes or size == TWIN_SIZE:
+    if entry is None or TWIN_SIZE not in entry.sizes:
         return None
     build = partial(_build, family, dtype, device, quant)
     model = build(TWIN_SEED)

@@ -8,8 +8,8 @@ and memory: every such oracle builds its own plans, and some another copy of the
 oracles (``OracleSpec.needs_checkpoint`` False) run, when the model is a checkpoint, on the family's
 registered ``tiny`` size with random weights, in the same dtype, weight format, cache layout, backend
 and plan mode, and their result names the twin (``setup.model``). The tiny sizes are built so each
-structural difference bites in a short test (Gemma 3's is an 8-position window, not 512). Oracles whose answer is about the
-weights (the held fast path vs the eager reference and transformers, quantization bounds, kernels at
+structural difference bites in a short test (Gemma 3's is an 8-position window, not 512). Oracles
+whose answer is about the weights (the held fast path vs the eager reference and transformers, quantization bounds, kernels at
 the model's widths, the variants' numerics) run on the checkpoint itself. ``plan_vs_replan`` (a held
 plan against one built afresh each token: the same arithmetic on any weights) runs on the twin, while
 ``vs_reference`` asks the weights' question of the same held plan.

@@ -1,18 +1,18 @@
 """The tiny twin: where the gate asks a question the checkpoint's weights cannot change.
 
-Most oracles ask about the engine, not the checkpoint: does a held plan notice new weights, is a
-refused rebind whole, do batched rows stay apart, does the plan cache key see what it must. The
-answer depends on the family's structure (its per-layer masks, RoPE plans, cache layout, step kinds)
-and not on the weights' values, so asking it of a multi-gigabyte checkpoint buys nothing but time
-and memory: every such oracle builds its own plans, and some another copy of the model. Those
-oracles (``OracleSpec.needs_checkpoint`` False) run, when the model is a checkpoint, on the family's
-registered ``tiny`` size with random weights, in the same dtype, weight format, cache layout, backend
-and plan mode, and their result names the twin (``setup.model``). The tiny sizes are built so each
-structural difference bites in a short test (Gemma 3's is an 8-position window, not 512). Oracles
-whose answer is about the weights (the held fast path vs the eager reference and transformers, quantization bounds, kernels at
-the model's widths, the variants' numerics) run on the checkpoint itself. ``plan_vs_replan`` (a held
-plan against one built afresh each token: the same arithmetic on any weights) runs on the twin, while
-``vs_reference`` asks the weights' question of the same held plan.
+Most oracles ask about the engine, not the checkpoint: does a held plan notice new weights, is a refused
+rebind whole, do batched rows stay apart, does the plan cache key see what it must. The answer depends
+on the family's structure (its per-layer masks, RoPE plans, cache layout, step kinds) and not on the
+weights' values, so asking it of a multi-gigabyte checkpoint buys nothing but time and memory: every
+such oracle builds its own plans, and some another copy of the model. Those oracles
+(``OracleSpec.needs_checkpoint`` False) run, when the model is a checkpoint, on the family's registered
+``tiny`` size with random weights, in the same dtype, weight format, cache layout, backend and plan
+mode, and their result names the twin (``setup.model``). The tiny sizes are built so each structural
+difference bites in a short test (Gemma 3's is an 8-position window, not 512). Oracles whose answer is
+about the weights (the held fast path vs the eager reference and transformers, quantization bounds,
+kernels at the model's widths, the variants' numerics) run on the checkpoint itself. ``plan_vs_replan``
+(a held plan against one built afresh each token: the same arithmetic on any weights) runs on the twin,
+while ``vs_reference`` asks the weights' question of the same held plan.
 
 A random model is its own twin: every oracle runs on it (a ``tiny_dense`` DeepSeek must not be asked
 about the MoE ``tiny``). The twin has the tiny size's structure, not the checkpoint's structural options

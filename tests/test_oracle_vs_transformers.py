@@ -173,7 +173,6 @@ def test_the_twin_of_a_float32_model_shares_its_weights_instead_of_copying_them(
     model's twin computes in float32, so there the weights are upcast copies."""
     from models.registry import build_random_model
 
-    pytest.importorskip("transformers")
     model = build_random_model(family, "tiny", seed=3)
     hf = hf_twin.twin_of(model)
     ours = {t.data_ptr() for t in model.state_dict().values()}

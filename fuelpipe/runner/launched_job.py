@@ -14,9 +14,19 @@ from typing import Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
+
+
+def open_sweep(config: DictConfig) -> Path:
+    """What every launch starts with: Hydra's globals and logging as the driver configured them, and the
+    sweep's folder made; its path."""
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    return sweep_dir
 
 
 def sweep_config_of(hydra_context: HydraContext, config: DictConfig, idx: int, overrides: Sequence[str]) -> DictConfig:

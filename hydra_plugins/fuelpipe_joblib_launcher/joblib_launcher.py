@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
+from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
-from fuelpipe.runner.launched_job import execute_job, first_line, lost_job_return
+from fuelpipe.runner.launched_job import execute_job, first_line, lost_job_return, open_sweep
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,7 @@ _INT_KEYS = ("pre_dispatch", "batch_size", "max_nbytes")  # given as strings on 
 class FuelpipeJoblibLauncher(JoblibLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_dir = open_sweep(self.config)
         markers = sweep_dir / STARTED_DIR
         markers.mkdir(exist_ok=True)
         params = self._parallel_params()
@@ -99,8 +96,7 @@ class FuelpipeJoblibLauncher(JoblibLauncher):
 
         for idx in idxs:
             (markers / str(idx)).unlink(missing_ok=True)
-        shared = (os.getcwd(), self.hydra_context, self.config, self.task_function, Singleton.get_state())
-        calls = (delayed(_marked_job)(str(markers / str(idx)), idx, jobs[idx], *shared) for idx in idxs)
+        calls = (delayed(_marked_job)(str(markers / str(idx)), idx, jobs[idx], *self._shared()) for idx in idxs)
         try:
             for idx, run in Parallel(return_as="generator_unordered", **params)(calls):
                 runs[idx] = run
@@ -115,15 +111,19 @@ class FuelpipeJoblibLauncher(JoblibLauncher):
         from joblib.externals.loky import get_reusable_executor
         from joblib.externals.loky.process_executor import BrokenProcessPool
 
-        shared = (os.getcwd(), self.hydra_context, self.config, self.task_function, Singleton.get_state())
         executor = get_reusable_executor(max_workers=1, reuse=False)
         try:
-            _, runs[idx] = executor.submit(_marked_job, str(markers / str(idx)), idx, jobs[idx], *shared).result()
+            _, runs[idx] = executor.submit(_marked_job, str(markers / str(idx)), idx, jobs[idx],
+                                           *self._shared()).result()
         except BrokenProcessPool as err:
             return err
         finally:
             executor.shutdown(wait=True)
         return None
+
+    def _shared(self) -> tuple:
+        """What every job of the sweep gets besides its own number and overrides (``execute_job``'s rest)."""
+        return os.getcwd(), self.hydra_context, self.config, self.task_function, Singleton.get_state()
 
     def _lost(self, idx: int, jobs: dict[int, list[str]], err: BaseException) -> JobReturn:
         run = lost_job_return(self.hydra_context, self.config, idx, jobs[idx], first_line(err))

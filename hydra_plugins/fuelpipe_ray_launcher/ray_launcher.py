@@ -23,16 +23,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
+from hydra.core.utils import JobReturn, filter_overrides
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from fuelpipe.runner.launched_job import execute_job, first_line, lost_job_return
+from fuelpipe.runner.launched_job import execute_job, first_line, lost_job_return, open_sweep
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +59,7 @@ class FuelpipeRayLauncher(Launcher):
         import ray
 
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_dir = open_sweep(self.config)
 
         local = self.address is None
         ray.init(address="local" if local else self.address, **self.init)

@@ -30,6 +30,7 @@ from fuelpipe.plan.prefill_program import PrefillPlans
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
 from fuelpipe.sampling import Sampler, greedy
+from fuelpipe.threads import ThreadGovernor
 from fuelpipe.step import step_args, step_module_for
 
 
@@ -69,6 +70,9 @@ class InferenceContext:
         self._rope_plan = model.rope_plan
         self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self.prefill_plans = PrefillPlans(spec)  # the prompt step as a held program (eager backend: eager)
+        # Adapts the thread count of ``generate`` / ``generate_iter`` to the machine's load
+        # (fuelpipe.threads); None keeps the process's count fixed, as oracles and benchmarks want.
+        self.thread_governor: Optional[ThreadGovernor] = None
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -345,20 +349,28 @@ class InferenceContext:
     def _steps(self, prompt: list[int], max_new_tokens: int, sampler: Sampler, cache, stops: set[int],
                keep_logits: bool, result: GenerationResult) -> Iterator[int]:
         """The generate loop over checked arguments: sample, hand the token out, decode it unless it ends the run."""
-        t0 = time.perf_counter()
-        logits = self.prefill(cache, prompt)
-        result.prefill_s = time.perf_counter() - t0
-        for i in range(max_new_tokens):
-            token = sampler(logits)
-            result.tokens.append(token)
-            if keep_logits:
-                result.logits.append(logits[0].clone())
-            yield token
-            if token in stops or i == max_new_tokens - 1:
-                break
+        governor = self.thread_governor
+        caller_threads = governor.begin() if governor is not None else 0
+        try:
             t0 = time.perf_counter()
-            logits = self.decode(cache, token)
-            result.decode_s.append(time.perf_counter() - t0)
+            logits = self.prefill(cache, prompt)
+            result.prefill_s = time.perf_counter() - t0
+            for i in range(max_new_tokens):
+                token = sampler(logits)
+                result.tokens.append(token)
+                if keep_logits:
+                    result.logits.append(logits[0].clone())
+                yield token
+                if token in stops or i == max_new_tokens - 1:
+                    break
+                t0, c0 = time.perf_counter(), time.process_time() if governor is not None else 0.0
+                logits = self.decode(cache, token)
+                result.decode_s.append(time.perf_counter() - t0)
+                if governor is not None:
+                    governor.observe(result.decode_s[-1], time.process_time() - c0)
+        finally:
+            if governor is not None:
+                governor.end(caller_threads)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

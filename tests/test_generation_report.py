@@ -48,3 +48,24 @@ def test_decode_speed_keeps_the_first_step_out_of_the_median():
     assert s["first_decode_ms"] == pytest.approx(900.0)
     assert s["mean_ms_per_token_all_steps"] == pytest.approx(192.6)
     assert decode_speed([])["ms_per_token"] is None
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_generation_says_how_its_threads_were_chosen(compose_cfg, tiny_gguf, threads):
+    """Left to fuelpipe, the count adapts to the load and the report counts the steps at each count;
+    a count the user set stays fixed and is said so."""
+    import torch
+
+    caller = torch.get_num_threads()
+    try:
+        doc = run_job(compose_cfg([*GGUF, f"model.path={tiny_gguf}", "experiment=generate", "max_new_tokens=8",
+                                   "experiment.generate.stream=false"]
+                                  + ([] if threads is None else [f"backend.threads={threads}"])))
+    finally:
+        torch.set_num_threads(caller)
+    use = doc["generation"]["threads"]
+    if threads is None:
+        assert use["adaptive"] is True and sum(use["steps_at"].values()) == doc["generation"]["new_tokens"] - 1
+        assert "threads adapted to the load (decode steps" in render(doc)
+    else:
+        assert use == {"adaptive": False, "fixed": 1} and "threads fixed at 1" in render(doc)

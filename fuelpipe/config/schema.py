@@ -124,7 +124,9 @@ class BackendConfig:
     name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
     device: Device = Device.cpu
     fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "measured_linears", "eliminate_dead_code_keeping_writes"])
-    threads: Optional[int] = None  # torch intra-op threads; null: torch's default
+    # torch intra-op threads. null: torch's default, and generation adapts the count to the machine's
+    # load step by step (fuelpipe.threads); a number is kept fixed, as benchmarks and oracles always do.
+    threads: Optional[int] = None
     plan_cache: PlanCacheConfig = field(default_factory=PlanCacheConfig)  # inductor only
     # inductor only: compile the prompt program too (dynamic shapes: one compile serves every prompt length).
     # A faster first token for one more compile at warm-up (about two minutes cold for SmolLM2 here).

@@ -21,6 +21,7 @@ from fuelpipe.config.validate import batch_spec
 from fuelpipe.errors import ConfigError, RunInterrupted
 from fuelpipe.runner.assemble import Assembly
 from fuelpipe.sampling import Sampler, greedy, seeded
+from fuelpipe.threads import ThreadGovernor, thread_use
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,8 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         return _run_batch(cfg, asm, req, out)
     gen, tok = cfg.experiment.generate, asm.tokenizer
     ctx = asm.setup.context(asm.model)
+    if cfg.backend.threads is None:  # left to fuelpipe: follow the machine's load (fuelpipe.threads)
+        ctx.thread_governor = ThreadGovernor()
     cache = asm.setup.kv.new_cache(ctx, req.capacity)
     shown, tokens = "", []
 
@@ -193,6 +196,7 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         "plan_builds": ctx.plan.stats.builds,
         "plan_build_s": ctx.plan.stats.build_s,
         "plan_cache_hits": ctx.plan.stats.cache_hits,
+        "threads": thread_use(ctx.thread_governor),
         "load": asm.load,
     }
 

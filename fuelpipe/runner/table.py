@@ -49,6 +49,7 @@ def render(doc: dict[str, Any]) -> str:
             + (f" (its program build {gen['prefill_build_ms']:.0f} ms)" if gen.get("prefill_build_ms") else "")
             + f"; {gen['plan_builds']} plan build(s) {1000.0 * gen.get('plan_build_s', 0.0):.0f} ms"
             + (f" (first decode step {first:.0f} ms, build included)" if first is not None else "")
+            + threads_said(gen.get("threads"))
         )
     mem = doc.get("memory")
     if mem and mem.get("generate_peak_mb") is not None:
@@ -177,3 +178,13 @@ def stage_sections(doc: dict[str, Any]) -> list[str]:
         return [f"(experiment stage sections not rendered: {err})"]
     return [stage.render(doc[stage.results_key]) for stage in stages
             if stage.render is not None and doc.get(stage.results_key)]
+
+
+def threads_said(use) -> str:
+    """How the decode threads were chosen, for the generation line."""
+    if not use:
+        return ""
+    if not use.get("adaptive"):
+        return f"; threads fixed at {use['fixed']}"
+    steps = ", ".join(f"{n} at {t}" for t, n in use["steps_at"].items())
+    return f"; threads adapted to the load (decode steps {steps}; {use['switches']} switch(es))"

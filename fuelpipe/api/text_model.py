@@ -13,11 +13,14 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from fuelpipe.api.cache_shelf import CacheShelf
 from fuelpipe.api.pieces import TextPieces
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import ConfigError, InputError
+from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.registry import did_you_mean
 from fuelpipe.sampling import SamplingParams, sampler_for
+from fuelpipe.threads import ThreadGovernor
 from fuelpipe.weights import TextTokenizer, load_model
 from fuelpipe.weights.named import NAMED, named_path
 
@@ -38,6 +41,7 @@ class TextModel:
     def __init__(self, context: InferenceContext, tokenizer: TextTokenizer) -> None:
         self.context = context
         self.tokenizer = tokenizer
+        self.shelf = CacheShelf(context)  # one cache kept between generations: the held plan stays valid
 
     @property
     def model(self):
@@ -102,9 +106,14 @@ class TextModel:
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must be a sequence of non-empty strings, got {stop!r}")
         tok = self.tokenizer
-        tokens = self.context.generate_iter(ids, max_new_tokens, sampler=sampler_for(params, ids),
-                                            stop_ids=tok.stop_ids)
-        return _Run(tokens, TextPieces(tok.decode, stop), set(tok.stop_ids), len(ids))
+        cache = self.shelf.take(len(ids) + max_new_tokens - 1)
+        try:
+            tokens = self.context.generate_iter(ids, max_new_tokens, sampler=sampler_for(params, ids),
+                                                cache=cache, stop_ids=tok.stop_ids)
+        except BaseException:
+            self.shelf.put(cache)
+            raise
+        return _Run(self.shelf.lend(tokens, cache), TextPieces(tok.decode, stop), set(tok.stop_ids), len(ids))
 
 
 @dataclass
@@ -134,11 +143,15 @@ def _finish(run: _Run, text: str) -> Completion:
     return Completion(text, tuple(ids), "stop" if stopped else "length", run.prompt_tokens)
 
 
-def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, backend: str = "fx",
-         threads: Optional[int] = None) -> TextModel:
+def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32,
+         backend: str | BackendSpec = "fx", threads: Optional[int] = None) -> TextModel:
     """A named checkpoint (``smollm2_135m``, ``gemma3_270m``) or a local ``.gguf`` file / HF directory.
 
-    ``threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``)."""
+    ``threads=N`` fixes torch's intra-op threads for the whole process (``torch.set_num_threads``).
+    Left at None, decoding adapts its thread count to the machine's load, step by step
+    (``fuelpipe.threads``): all cores alone, fewer when other processes want them.
+    Every argument is checked before the weights are read."""
+    spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ConfigError(did_you_mean("dtype", dtype, DTYPES))
@@ -157,7 +170,10 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.fl
     if tokenizer is None:
         raise ConfigError(f"{source}: the checkpoint has no tokenizer (an HF directory needs tokenizer.json); "
                           "the text API needs one")
-    return TextModel(InferenceContext(model, backend), tokenizer)
+    context = InferenceContext(model, spec)
+    if threads is None:
+        context.thread_governor = ThreadGovernor()
+    return TextModel(context, tokenizer)
 
 
 def _resolve(name_or_path: str | os.PathLike) -> Path:

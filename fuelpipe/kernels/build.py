@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from fuelpipe.errors import FuelpipeError
+from fuelpipe.progress import waiting
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
 LIBRARY = "fuelpipe_kernels"
@@ -100,10 +101,12 @@ def load() -> str:
         log.info("phase: kernel build: compiling fuelpipe's C++ kernels into %s (once per machine and source; "
                  "about a minute)", folder)
         try:
-            path = cpp_extension.load(
-                name=f"fuelpipe_kernels_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(folder),
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                is_python_module=False, verbose=False)
+            with waiting("building fuelpipe's C++ kernels", "first run on this machine, about a minute; "
+                         "`python -m fuelpipe.kernels` builds them ahead"):
+                path = cpp_extension.load(
+                    name=f"fuelpipe_kernels_{digest}", sources=[str(p) for p in SOURCES],
+                    build_directory=str(folder), extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         except Exception as e:  # compiler missing, build failure, load failure
             raise KernelBuildError(
                 f"could not build fuelpipe's kernels from {', '.join(p.name for p in SOURCES)} in {folder}: "

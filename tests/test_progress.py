@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import subprocess
 import sys
 
@@ -58,7 +59,7 @@ def test_a_kernel_build_shows_its_progress_on_a_terminal(tmp_path):
     assert rc == 0, out
     assert "building fuelpipe's C++ kernels: 2 s" in out or "building fuelpipe's C++ kernels: 3 s" in out, out
     assert "python -m fuelpipe.kernels" in out, "the line says how to build ahead"
-    assert "building fuelpipe's C++ kernels: stopped in 4 s" in out, out
+    assert re.search(r"building fuelpipe's C\+\+ kernels: stopped in [3-9] s", out), out
     assert "refused: KernelBuildError True" in out
 
 

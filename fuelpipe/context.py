@@ -350,11 +350,13 @@ class InferenceContext:
                keep_logits: bool, result: GenerationResult) -> Iterator[int]:
         """The generate loop over checked arguments: sample, hand the token out, decode it unless it ends the run."""
         governor = self.thread_governor
-        caller_threads = governor.begin() if governor is not None else 0
+        caller_threads = 0
         try:
             t0 = time.perf_counter()
-            logits = self.prefill(cache, prompt)
+            logits = self.prefill(cache, prompt)  # at the caller's thread count: its bits never follow the load
             result.prefill_s = time.perf_counter() - t0
+            if governor is not None:
+                caller_threads = governor.begin()
             for i in range(max_new_tokens):
                 token = sampler(logits)
                 result.tokens.append(token)
@@ -369,7 +371,7 @@ class InferenceContext:
                 if governor is not None:
                     governor.observe(result.decode_s[-1], time.process_time() - c0)
         finally:
-            if governor is not None:
+            if governor is not None and caller_threads:
                 governor.end(caller_threads)
 
 

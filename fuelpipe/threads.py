@@ -22,9 +22,14 @@ No fixed setting is right for both, and the load changes while a generation runs
   ``margin``; a probe step slower than ``drift`` x the current median ends the probe at once (under
   contention one 2-thread step can cost twenty 1-thread steps).
 
-Alone, a run at the top count never probes: the governor costs one clock read per step. A fixed
-thread count asked for by the user (``threads=N``, ``backend.threads=N``) is never adapted: the governor
-is made only when the count is left to fuelpipe. Benchmarks and oracles never use one.
+Alone, a run at the top count never probes: the governor costs one clock read per step.
+
+**It never changes a token.** Only decode steps adapt, and only on a backend whose decode step computes
+the same bits at any thread count (``BackendEntry.thread_invariant``: fx, inductor and aot, whose
+linears are fuelpipe's kernels, split by output column). The prompt runs at the process's own count
+(torch's prompt matmuls block by thread count). ``for_backend`` makes a governor only there.
+A fixed count asked for by the user (``threads=N``, ``backend.threads=N``) is never adapted, and
+benchmarks and oracles never use a governor.
 """
 from __future__ import annotations
 
@@ -153,8 +158,8 @@ class ThreadGovernor:
 
     # ---- a generation's bounds ---------------------------------------------------------------------
     def begin(self) -> int:
-        """A generation starts: take the count chosen so far (a probe in flight is dropped). Returns the
-        caller's thread count, for ``end``."""
+        """A generation's decode steps start (its prompt ran at the caller's count): take the count chosen
+        so far (a probe in flight is dropped). Returns the caller's thread count, for ``end``."""
         caller = torch.get_num_threads()
         self.probe = None
         self.skip = 1  # a generation's first step may bind a new cache or build the plan: not a measure
@@ -251,6 +256,13 @@ class _Probe:
     @property
     def threads(self) -> int:
         return self.queue[0]
+
+
+def for_backend(name: str) -> Optional[ThreadGovernor]:
+    """A governor when backend ``name``'s decode step is thread-count invariant, else None (fixed count)."""
+    from fuelpipe.plan.backends import BACKENDS
+
+    return ThreadGovernor() if BACKENDS.get(name).thread_invariant else None
 
 
 def thread_use(governor: Optional[ThreadGovernor]) -> dict:

@@ -159,21 +159,76 @@ def test_free_cores_sees_a_busy_neighbour():
         spinner.wait()
 
 
-def test_the_thread_count_never_changes_a_token_or_a_logit(tmp_path):
-    """What makes adapting safe: the default (fx) path computes the same bits at any thread count."""
+class EveryStepSwitches:
+    """A governor stand-in that changes the thread count after every decode step (1, 2, 1, ...)."""
+
+    def __init__(self):
+        self.counts = []
+
+    def begin(self) -> int:
+        caller = torch.get_num_threads()
+        torch.set_num_threads(1)
+        return caller
+
+    def observe(self, seconds: float, cpu_seconds: float) -> None:
+        self.counts.append(torch.get_num_threads())
+        torch.set_num_threads(3 - torch.get_num_threads())
+
+    def end(self, caller: int) -> None:
+        torch.set_num_threads(caller)
+
+
+def _switching_vs_fixed(family: str, backend: str):
+    from fuelpipe.context import InferenceContext
+
+    ctx = InferenceContext(build_random_model(family, "tiny", seed=3), backend)
+    prompt = [1, 5, 9, 2, 7, 7, 3]
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fixed = ctx.generate(prompt, 16, keep_logits=True)
+        switching = EveryStepSwitches()
+        ctx.thread_governor = switching
+        adapted = ctx.generate(prompt, 16, keep_logits=True)
+    finally:
+        torch.set_num_threads(caller)
+    assert set(switching.counts) == {1, 2}
+    return fixed, adapted
+
+
+@pytest.mark.parametrize("family", ["llama", "phi", "qwen3", "gemma3", "deepseek_v2"])
+def test_switching_threads_every_step_changes_no_bit_on_an_invariant_backend(family):
+    """What makes adapting safe: on fx (the default) a decode step computes the same bits at any count."""
+    from fuelpipe.plan.backends import BACKENDS
+
+    assert BACKENDS.get("fx").thread_invariant
+    fixed, adapted = _switching_vs_fixed(family, "fx")
+    assert adapted.tokens == fixed.tokens
+    assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
+
+
+def test_a_prompt_at_another_count_changes_bits_so_the_prompt_never_adapts():
+    """The negative control: the comparison above sees a last-bit change. torch's prompt matmuls block by
+    thread count, so a prompt run at 1 thread instead of 2 moves the logits; that is why the prompt runs
+    at the caller's count and only decode steps adapt."""
     from fuelpipe.context import InferenceContext
 
     ctx = InferenceContext(build_random_model("llama", "tiny", seed=3), "fx")
-    caller = torch.get_num_threads()
+    prompt, caller, runs = [1, 5, 9, 2, 7, 7, 3], torch.get_num_threads(), {}
     try:
-        runs = {}
         for t in (2, 1):
             torch.set_num_threads(t)
-            runs[t] = ctx.generate([1, 5, 9, 2], 12, keep_logits=True)
+            runs[t] = ctx.generate(prompt, 16, keep_logits=True)
     finally:
         torch.set_num_threads(caller)
-    assert runs[1].tokens == runs[2].tokens
-    assert all(torch.equal(a, b) for a, b in zip(runs[1].logits, runs[2].logits))
+    assert not all(torch.equal(a, b) for a, b in zip(runs[1].logits, runs[2].logits))
+
+
+def test_only_thread_invariant_backends_get_a_governor():
+    from fuelpipe.threads import for_backend
+
+    assert for_backend("eager") is None  # eager's torch linears may change their last bits with the count
+    assert all(isinstance(for_backend(name), ThreadGovernor) for name in ("fx", "inductor", "aot"))
 
 
 def test_load_adapts_unless_a_count_is_given(tmp_path):

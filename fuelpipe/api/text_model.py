@@ -20,7 +20,7 @@ from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.registry import did_you_mean
 from fuelpipe.sampling import SamplingParams, sampler_for
-from fuelpipe.threads import ThreadGovernor
+from fuelpipe.threads import for_backend
 from fuelpipe.weights import TextTokenizer, load_model
 from fuelpipe.weights.named import NAMED, named_path
 
@@ -148,8 +148,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.fl
     """A named checkpoint (``smollm2_135m``, ``gemma3_270m``) or a local ``.gguf`` file / HF directory.
 
     ``threads=N`` fixes torch's intra-op threads for the whole process (``torch.set_num_threads``).
-    Left at None, decoding adapts its thread count to the machine's load, step by step
-    (``fuelpipe.threads``): all cores alone, fewer when other processes want them.
+    Left at None, decode steps adapt their thread count to the machine's load (``fuelpipe.threads``):
+    all cores alone, fewer when other processes want them; on the eager backend the count stays fixed.
     Every argument is checked before the weights are read."""
     spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
     if isinstance(dtype, str):
@@ -172,7 +172,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.fl
                           "the text API needs one")
     context = InferenceContext(model, spec)
     if threads is None:
-        context.thread_governor = ThreadGovernor()
+        context.thread_governor = for_backend(spec.name)
     return TextModel(context, tokenizer)
 
 

@@ -165,6 +165,11 @@ class BackendEntry:
     # Compiles the step ahead of time, so per-token data must all be tensors: the ``symbol`` offset
     # path (host integers) is refused by the config.
     ahead_of_time: bool = False
+    # Its decode step computes the same bits at any thread count, so generation may adapt the count to
+    # the machine's load (fuelpipe.threads) without changing a token. The built-in traced backends run
+    # fuelpipe's kernels, which split work by output column only (tests/test_threads.py checks every
+    # family); eager's torch linears may differ in the last bit, so eager keeps its count fixed.
+    thread_invariant: bool = False
 
 
 def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
@@ -230,10 +235,12 @@ def _compile_prompt(gm: fx.GraphModule) -> Callable:
 
 BUILTIN_BACKENDS = (
     BackendEntry("eager", _build_eager, traces=False),
-    BackendEntry("fx", _build_fx),
-    BackendEntry("inductor", _build_inductor, prompt_compiler=_compile_prompt, stores_plans=True),
+    BackendEntry("fx", _build_fx, thread_invariant=True),
+    BackendEntry("inductor", _build_inductor, prompt_compiler=_compile_prompt, stores_plans=True,
+                 thread_invariant=True),
     # the prompt program (a new length every call) stays torch.compile'd: only the held step is AOT
-    BackendEntry("aot", _build_aot, prompt_compiler=_compile_prompt, stores_plans=True, ahead_of_time=True),
+    BackendEntry("aot", _build_aot, prompt_compiler=_compile_prompt, stores_plans=True, ahead_of_time=True,
+                 thread_invariant=True),
 )
 BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", BackendEntry)
 

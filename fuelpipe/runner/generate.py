@@ -21,7 +21,7 @@ from fuelpipe.config.validate import batch_spec
 from fuelpipe.errors import ConfigError, RunInterrupted
 from fuelpipe.runner.assemble import Assembly
 from fuelpipe.sampling import Sampler, greedy, seeded
-from fuelpipe.threads import ThreadGovernor, thread_use
+from fuelpipe.threads import for_backend, thread_use
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
     gen, tok = cfg.experiment.generate, asm.tokenizer
     ctx = asm.setup.context(asm.model)
     if cfg.backend.threads is None:  # left to fuelpipe: follow the machine's load (fuelpipe.threads)
-        ctx.thread_governor = ThreadGovernor()
+        ctx.thread_governor = for_backend(cfg.backend.name)
     cache = asm.setup.kv.new_cache(ctx, req.capacity)
     shown, tokens = "", []
 

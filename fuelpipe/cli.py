@@ -1,4 +1,5 @@
-"""``fuelpipe`` / ``python -m fuelpipe``: run one combination or a sweep; ``fuelpipe report DIR``.
+"""``fuelpipe`` / ``python -m fuelpipe``: run one combination or a sweep; ``fuelpipe report DIR``;
+``fuelpipe serve --model ...`` (an OpenAI-compatible HTTP server, ``fuelpipe.serve.cli``: its own flags).
 
 Exit codes (the CI gate):
   0  every oracle passed (a sweep: every job that ran passed)
@@ -53,13 +54,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if argv[:1] == ["report"]:
         sys.exit(report.main(argv[1:]))
     try:
-        code = run(argv)
+        code = _serve(argv[1:]) if argv[:1] == ["serve"] else run(argv)
     except KeyboardInterrupt:  # before the run started (reading a prompt, checking the command line)
         print("fuelpipe: interrupted (Ctrl-C) before the run started; nothing ran", file=sys.stderr)
         code = EXIT_CODES[INTERRUPTED]
     if code == EXIT_CODES[INTERRUPTED]:
         _exit_now(code)
     sys.exit(code)
+
+
+def _serve(argv: list[str]) -> int:
+    from fuelpipe.serve.cli import main as serve_main
+
+    return serve_main(argv)
 
 
 def _exit_now(code: int) -> None:

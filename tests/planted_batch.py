@@ -21,7 +21,7 @@ def sampling_shares_one_generator(mp):
     """Every seeded request draws from one generator (seeded once, by the first request made)."""
     shared: list[torch.Generator] = []
 
-    def sampler(self):
+    def sampler(self, prompt_ids=()):
         if self.temperature == 0:
             return greedy
         if not shared:

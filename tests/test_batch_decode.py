@@ -204,3 +204,40 @@ def test_a_long_lived_decoder_serves_later_batchers_without_rebuilding():
     assert [r.tokens for r in fresh] == [r.tokens for r in first]
     with pytest.raises(InputError, match="serves another cache"):
         ContinuousBatcher(ctx, ctx.new_batch_cache(4, WIDTH), 4, decoder=decoder)
+
+
+def test_a_request_samples_with_its_own_top_p_min_p_and_repetition_penalty():
+    """Each request's sampler is ``sampler_for`` of its settings, its penalty history starting with its prompt."""
+    from fuelpipe.sampling import SamplingParams, sampler_for
+
+    ctx = InferenceContext(tiny("llama"), "eager", "plan_once")
+    prompt = [3, 17, 42, 7, 99]
+    probe = Sampling(temperature=0.8, top_k=0, seed=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    greedy_probe = Sampling(repetition_penalty=1.5)
+    res = ContinuousBatcher(ctx, ctx.new_batch_cache(4, WIDTH), 4).run([
+        Request(tuple(prompt), 12, sampling=probe), Request((5, 6), 9),
+        Request(tuple(prompt), 12, sampling=greedy_probe)])
+    for got, sampling in ((res[0], probe), (res[2], greedy_probe)):
+        solo = ctx.generate(prompt, 12, sampler=sampler_for(sampling.params(), prompt), max_seq_len=WIDTH)
+        assert got.tokens == solo.tokens
+    assert res[2].tokens != ctx.generate(prompt, 12, max_seq_len=WIDTH).tokens  # the control: the penalty acts
+    with pytest.raises(ConfigError, match=r"top_p must lie in \(0, 1\] \(1 = off\), got 1.5"):
+        Sampling(top_p=1.5)
+
+
+def test_cancel_frees_the_row_for_the_next_request():
+    ctx = InferenceContext(tiny("llama"), "eager", "plan_once")
+    kv = ctx.new_batch_cache(1, WIDTH)
+    b = ContinuousBatcher(ctx, kv, 1)
+    first, second, third = (b.submit(Request((1, 2, 3), 20)) for _ in range(3))
+    b.step()
+    assert (first.finish, second.finish) == ("running", "queued")
+    assert b.cancel(third) and third.finish == "cancelled"  # a queued one leaves the queue
+    assert b.cancel(first) and first.finish == "cancelled" and kv.free_rows
+    assert not b.cancel(first)  # already finished
+    b.step()
+    assert second.finish == "running" and second.admitted_step == b.decoder.steps - 1
+    while b.step():
+        pass
+    assert second.finish == "length" and len(second.tokens) == 20 and len(first.tokens) < 20
+    assert b.describe()["cancelled"] == 2 and kv.free_rows

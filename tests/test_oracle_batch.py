@@ -79,7 +79,7 @@ def test_batch_vs_solo_serves_a_tight_paged_pool_and_audits_it(compose_cfg):
 
 
 def _reseeded_every_step(mp):
-    def sampler(self):
+    def sampler(self, prompt_ids=()):
         if self.temperature == 0:
             return greedy
         return lambda logits: draw(logits, self.temperature, self.top_k, torch.Generator().manual_seed(self.seed))

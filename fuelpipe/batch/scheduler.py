@@ -21,6 +21,8 @@ Design (stated in the README):
   own sampler, so a seeded request draws the same tokens whatever its batch
   neighbours are. A request that finishes (stop id or max_new_tokens) frees
   its slot or blocks at once, and the next queued request may take them.
+* **Cancel.** ``cancel`` ends a queued or running request whose reader went
+  away (a server's client); a running one frees its slot or blocks at once.
 """
 from __future__ import annotations
 
@@ -34,28 +36,33 @@ import torch
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.batch.decoder import BatchDecoder
 from fuelpipe.context import InferenceContext, _as_id_list, _count
-from fuelpipe.errors import ConfigError, FuelpipeError, InputError, KvCapacityError
+from fuelpipe.errors import FuelpipeError, InputError, KvCapacityError
 from fuelpipe.kv.batch import PagedBatch
-from fuelpipe.sampling import Sampler, greedy, seeded
+from fuelpipe.sampling import Sampler, SamplingParams, sampler_for
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a request picks tokens: greedy (temperature 0) or seeded temperature / top-k sampling."""
+    """How a request picks tokens: greedy (temperature 0) or seeded sampling, with top-k, top-p, min-p and a
+    repetition penalty as ``SamplingParams`` has them (all off by default; ``seed`` None draws a fresh seed)."""
 
     temperature: float = 0.0
     top_k: int = 0
-    seed: int = 0
+    seed: Optional[int] = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        self.params()  # SamplingParams checks every field (a ConfigError names the constraint and the value)
 
-    def sampler(self) -> Sampler:
-        """A fresh sampler: its random stream belongs to one request."""
-        return greedy if self.temperature == 0 else seeded(self.temperature, self.top_k, self.seed)
+    def params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.seed)
+
+    def sampler(self, prompt_ids: Sequence[int] = ()) -> Sampler:
+        """A fresh sampler: its random stream (and, with a repetition penalty, the history it has seen, starting
+        with ``prompt_ids``) belongs to one request."""
+        return sampler_for(self.params(), prompt_ids)
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ class RequestResult:
     request: Request
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # per token [vocab] f32, when kept
-    finish: str = "queued"  # queued | running | length | stop | refused | error
+    finish: str = "queued"  # queued | running | length | stop | refused | error | cancelled
     error: Optional[FuelpipeError] = None
     admitted_step: Optional[int] = None  # batched steps run before it joined
     finished_step: Optional[int] = None
@@ -86,7 +93,7 @@ class RequestResult:
 
     @property
     def done(self) -> bool:
-        return self.finish in ("length", "stop", "refused", "error")
+        return self.finish in ("length", "stop", "refused", "error", "cancelled")
 
 
 PACKED_PREFILL_TOKENS = 1024  # prompt tokens per packed prompt step (a longer prompt runs alone in its own)
@@ -191,6 +198,21 @@ class ContinuousBatcher:
             return -(-req.positions // self.kv.pool.block_size) <= self.kv.pool.free_blocks
         return True
 
+    def cancel(self, result: RequestResult) -> bool:
+        """End ``result``'s request now (its reader went away): a queued one leaves the queue, a running one
+        frees its slot or blocks at once. False when it had already finished."""
+        if result.done:
+            return False
+        if result in self._queue:
+            self._queue.remove(result)
+            result.finish, result.finished_step = "cancelled", self.decoder.steps
+            return True
+        run = next((r for r in self._running if r.result is result), None)
+        if run is None:
+            raise InputError(f"cancel: request {result.request.name or result.index!r} is not one this batcher runs")
+        self._finish(run, "cancelled")
+        return True
+
     # ---- running -------------------------------------------------------------------------
     def _emit(self, run: _Running, logits_row: torch.Tensor) -> None:
         """Sample ``run``'s next token from its logits [1, vocab]; finish it when done."""
@@ -225,7 +247,7 @@ class ContinuousBatcher:
         while self._queue and self._fits_now(self._queue[0].request):
             res = self._queue.popleft()
             req = res.request
-            run = _Running(res, self.kv.acquire(), req.sampling.sampler(), set(req.stop_ids))
+            run = _Running(res, self.kv.acquire(), req.sampling.sampler(req.prompt_ids), set(req.stop_ids))
             res.finish, res.admitted_step = "running", self.decoder.steps
             try:
                 run.handle.reserve(req.positions)  # all its room now, or refused with nothing taken
@@ -303,6 +325,7 @@ class ContinuousBatcher:
         return {**self.decoder.describe(), "requests": len(self.results),
                 "refused": sum(r.finish == "refused" for r in self.results),
                 "errors": sum(r.finish == "error" for r in self.results),
+                "cancelled": sum(r.finish == "cancelled" for r in self.results),
                 "tokens": tokens, "decode_s": self.decode_s, "prefill_s": self.prefill_s,
                 "prefill_calls": self.prefill_calls,
                 # steady state: the bucket plans' builds (inside the steps that built them) taken out

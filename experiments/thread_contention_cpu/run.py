@@ -8,14 +8,16 @@ greedy chat together:
   pair           two processes decoding at once;
   busy neighbour one process beside a process that keeps every core busy with 2-thread torch matmuls.
 Each scenario runs with the thread count left to fuelpipe (the ThreadGovernor) and fixed at 1 and at all
-cores (``threads=N``). Reported: decode ms/token (wall of the chat over its tokens) per process, and the
-ratio to the same mode alone. Writes results.json beside this file and prints the table the README shows.
+cores (``threads=N``). Reported: ms/token (the chat's wall time over its tokens, prompt included) of the
+slower process, the median over ``ROUNDS`` (3) rounds that each run every case once, and its ratio to one
+process alone with the count left to fuelpipe. Writes results.json beside this file and prints the table the README shows.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,21 +85,30 @@ def main() -> None:
 
     cores = len(os.sched_getaffinity(0))
     modes = ["auto", "1", str(cores)]
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    cases = [(name, processes, neighbour, mode) for name, processes, neighbour in
+             (("alone", 1, False), ("pair", 2, False), ("busy neighbour", 1, True)) for mode in modes]
+    seen: dict[tuple, list] = {c: [] for c in cases}
+    for i in range(rounds):  # every case once per round, so a slow spell of the machine hits them all
+        for case in cases:
+            runs = scenario(*case[1:])
+            seen[case].append(runs)
+            print(f"round {i} {case[0]:15s} threads={case[3]:4s} "
+                  + " ".join(f"{r['ms_per_token']:.1f}" for r in runs), flush=True)
     rows = []
-    for name, processes, neighbour in (("alone", 1, False), ("pair", 2, False), ("busy neighbour", 1, True)):
-        for mode in modes:
-            runs = scenario(processes, mode, neighbour)
-            rows.append({"scenario": name, "threads": mode, "runs": runs,
-                         "ms_per_token": max(r["ms_per_token"] for r in runs)})
-            print(f"{name:15s} threads={mode:4s} " + " ".join(f"{r['ms_per_token']:.1f}" for r in runs), flush=True)
+    for case, rounds_runs in seen.items():
+        slowest = [max(r["ms_per_token"] for r in runs) for runs in rounds_runs]
+        rows.append({"scenario": case[0], "threads": case[3], "rounds": rounds_runs,
+                     "ms_per_token": statistics.median(slowest)})
     alone = {r["threads"]: r["ms_per_token"] for r in rows if r["scenario"] == "alone"}
     for r in rows:
         r["vs_alone_same_mode"] = r["ms_per_token"] / alone[r["threads"]]
         r["vs_alone_auto"] = r["ms_per_token"] / alone["auto"]
     doc = {"cpu": cpu_name(), "cores": cores, "torch": torch.__version__, "model": "smollm2_135m f32 fx",
-           "tokens": 64, "measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+           "tokens": 64, "rounds": rounds, "measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\n{doc['cpu']}, {cores} cores: ms/token (the slower process), and x one alone with threads=auto")
+    print(f"\n{doc['cpu']}, {cores} cores: ms/token (the slower process, median of {rounds} rounds), "
+          "and x one alone with threads=auto")
     print("| scenario | threads | ms/token | x alone (auto) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['scenario']} | {r['threads']} | {r['ms_per_token']:.1f} | {r['vs_alone_auto']:.2f} |")

@@ -6,6 +6,7 @@ model does not load, the port is taken, a bad number), found before anything is 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         server.serve_forever()
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, _exit_at_once)  # a second Ctrl-C while closing: leave now, no traceback
         code = INTERRUPTED_EXIT
     except _Terminated:
         code = TERMINATED_EXIT
@@ -86,6 +88,10 @@ def _build(args: argparse.Namespace):
         return str(err)
     except OSError as err:  # the address is taken or cannot be bound
         return f"cannot listen on {args.host}:{args.port}: {err.strerror or err}"
+
+
+def _exit_at_once(signum, frame) -> None:
+    os._exit(INTERRUPTED_EXIT)
 
 
 def _on_sigterm(signum, frame) -> None:

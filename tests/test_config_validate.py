@@ -104,7 +104,7 @@ def test_a_misspelled_oracle_in_a_preset_is_named(compose_cfg, tmp_path):
 def test_captured_plan_and_cuda_device_need_cuda(compose_cfg):
     reasons = validate(compose_cfg(["plan=captured", "backend.device=cuda"]))
     if torch.cuda.is_available():
-        assert reasons == ["plan=captured is not implemented yet (CUDA graph capture is not built; see README 'Known limits'); use plan=plan_once"]
+        assert reasons == ["plan=captured is not implemented yet (CUDA graph capture is not built; see docs/limits.md); use plan=plan_once"]
     else:
         assert reasons == [
             "backend.device=cuda but torch.cuda.is_available() is False",

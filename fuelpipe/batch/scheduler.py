@@ -1,6 +1,6 @@
 """Continuous batching: admit requests as others finish, decode every running one per batched step.
 
-Design (stated in the README):
+Design (also in docs/batching.md):
 
 * **Admission.** Requests wait in FIFO order. One is admitted when a row is
   free and the cache can hold its whole need (prompt + max_new_tokens - 1

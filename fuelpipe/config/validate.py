@@ -19,7 +19,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.plan.fx_passes import FX_PASSES
 from models.registry import build_config, did_you_mean, families
 
-NOT_YET = "is not implemented yet (CUDA graph capture is not built; see README 'Known limits')"
+NOT_YET = "is not implemented yet (CUDA graph capture is not built; see docs/limits.md)"
 
 
 def validate(cfg: DictConfig) -> list[str]:

@@ -1,6 +1,6 @@
 """Per-layer KV views used inside a step: where this token's K/V are written and what is attended.
 
-Two ways of carrying the write offset (both stay alive, see README):
+Two ways of carrying the write offset (both stay alive, see docs/architecture.md):
 
 * ``TensorOffsetKv`` (the "device-offset" path): the offset is an int64 tensor
   input. Shapes never depend on the position, attention covers the whole

@@ -67,7 +67,7 @@ def _fx_symbol_path(setup: Setup) -> Setup:
 
     A paged cache's write feeds its gather on every path, so the fault could not bite there:
     its negative control runs the same model on a contiguous cache instead. (A latent MLA
-    cache has no such path; see README "Known limits".)
+    cache has no such path; see docs/limits.md.)
     """
     kv = dataclasses.replace(setup.kv, layout="contiguous") if setup.kv.layout == "paged" else setup.kv
     return setup.with_backend("fx").with_changes(offset_mode="symbol", kv=kv)

@@ -150,7 +150,7 @@ class AotStep(_BuiltOnFirstCall):
     bound to the very tensors the traced graph holds (the model's parameters and the plan's derived
     copies) by reference (``load_constants(user_managed=True)``): the package holds no weights, its file
     is small and deleted once loaded. (The compile itself leaves about the weights' size resident in the
-    process; README "Known limits".) Each token is then one call into the compiled library: no Dynamo
+    process; docs/limits.md.) Each token is then one call into the compiled library: no Dynamo
     guard, no Python between operators.
     """
 

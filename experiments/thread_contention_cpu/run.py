@@ -91,7 +91,7 @@ def main() -> None:
     seen: dict[tuple, list] = {c: [] for c in cases}
     for i in range(rounds):  # every case once per round, so a slow spell of the machine hits them all
         for case in cases:
-            runs = scenario(*case[1:])
+            runs = scenario(case[1], case[3], case[2])
             seen[case].append(runs)
             print(f"round {i} {case[0]:15s} threads={case[3]:4s} "
                   + " ".join(f"{r['ms_per_token']:.1f}" for r in runs), flush=True)

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 SCHEMA_NAME = "fuelpipe_schema"
 
@@ -123,7 +124,7 @@ class PlanCacheConfig:
 class BackendConfig:
     name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
     device: Device = Device.cpu
-    fx_passes: List[str] = field(default_factory=lambda: ["fuse_sibling_linears", "measured_linears", "eliminate_dead_code_keeping_writes"])
+    fx_passes: List[str] = field(default_factory=lambda: list(DEFAULT_FX_PASSES))  # the one default list
     # torch intra-op threads. null: torch's default, and generation adapts the count to the machine's
     # load step by step (fuelpipe.threads); a number is kept fixed, as benchmarks and oracles always do.
     threads: Optional[int] = None

@@ -350,13 +350,11 @@ class InferenceContext:
                keep_logits: bool, result: GenerationResult) -> Iterator[int]:
         """The generate loop over checked arguments: sample, hand the token out, decode it unless it ends the run."""
         governor = self.thread_governor
-        caller_threads = 0
+        caller_threads = governor.begin() if governor is not None else 0
         try:
             t0 = time.perf_counter()
-            logits = self.prefill(cache, prompt)  # at the caller's thread count: its bits never follow the load
-            result.prefill_s = time.perf_counter() - t0
-            if governor is not None:
-                caller_threads = governor.begin()
+            logits = self.prefill(cache, prompt)  # at the governor's count: 2 spinning threads on a busy
+            result.prefill_s = time.perf_counter() - t0  # machine cost a SmolLM2 prompt seconds
             for i in range(max_new_tokens):
                 token = sampler(logits)
                 result.tokens.append(token)

@@ -24,12 +24,13 @@ No fixed setting is right for both, and the load changes while a generation runs
 
 Alone, a run at the top count never probes: the governor costs one clock read per step.
 
-**It never changes a token.** Only decode steps adapt, and only on a backend whose decode step computes
-the same bits at any thread count (``BackendEntry.thread_invariant``: fx, inductor and aot, whose
-linears are fuelpipe's kernels, split by output column). The prompt runs at the process's own count
-(torch's prompt matmuls block by thread count). ``for_backend`` makes a governor only there.
-A fixed count asked for by the user (``threads=N``, ``backend.threads=N``) is never adapted, and
-benchmarks and oracles never use a governor.
+**Decode steps keep their bits.** A count changes only between steps, and only on a backend whose
+decode step computes the same bits at any thread count (``BackendEntry.thread_invariant``: fx, inductor
+and aot, whose linears are fuelpipe's kernels, split by output column); ``for_backend`` makes a governor
+only there. The prompt runs at the governor's count too: at the caller's count it cost a SmolLM2 chat
+seconds beside a busy neighbour. torch's prompt matmuls block by thread count, so a prompt run at another
+count can move the logits' last bits, and under a changing load a near-tie token can differ from a quiet
+run's. ``threads=N`` fixes the count for bit-reproducible runs; benchmarks and oracles never adapt.
 """
 from __future__ import annotations
 
@@ -158,8 +159,8 @@ class ThreadGovernor:
 
     # ---- a generation's bounds ---------------------------------------------------------------------
     def begin(self) -> int:
-        """A generation's decode steps start (its prompt ran at the caller's count): take the count chosen
-        so far (a probe in flight is dropped). Returns the caller's thread count, for ``end``."""
+        """A generation starts: take the count chosen so far for its prompt and steps (a probe in flight is
+        dropped). Returns the caller's thread count, for ``end``."""
         caller = torch.get_num_threads()
         self.probe = None
         self.skip = 1  # a generation's first step may bind a new cache or build the plan: not a measure

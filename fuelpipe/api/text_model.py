@@ -148,8 +148,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.fl
     """A named checkpoint (``smollm2_135m``, ``gemma3_270m``) or a local ``.gguf`` file / HF directory.
 
     ``threads=N`` fixes torch's intra-op threads for the whole process (``torch.set_num_threads``).
-    Left at None, decode steps adapt their thread count to the machine's load (``fuelpipe.threads``):
-    all cores alone, fewer when other processes want them; on the eager backend the count stays fixed.
+    Left at None, generation adapts its thread count to the machine's load (``fuelpipe.threads``): all
+    cores alone, fewer when other processes want them; on the eager backend the count stays fixed.
     Every argument is checked before the weights are read."""
     spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
     if isinstance(dtype, str):

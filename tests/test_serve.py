@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-openai = pytest.importorskip("openai")
+openai = pytest.importorskip("openai", reason="the serve tests talk to the server through the openai client: pip install -e \".[test]\" installs it")
 
 import fuelpipe  # noqa: E402
 from conftest import ROOT  # noqa: E402

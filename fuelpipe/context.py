@@ -25,7 +25,7 @@ from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.kv.sizes import check_size
-from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.backends import BACKENDS, BackendSpec
 from fuelpipe.plan.prefill_program import PrefillPlans
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
@@ -62,6 +62,8 @@ class InferenceContext:
             raise ConfigError(f"InferenceContext needs a DecodeBackbone model, got {type(model).__name__}")
         spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
         mode = offset_mode or model.offset_mode
+        if offset_mode is None and mode == "symbol" and BACKENDS.get(spec.name).ahead_of_time:
+            mode = "tensor"  # the family's own path is a preference; a step compiled ahead of time takes tensors
         if mode not in OFFSET_MODES:
             raise ConfigError(f"offset_mode must be one of {list(OFFSET_MODES)}, got {mode!r}")
         self.model = model

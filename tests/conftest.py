@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ from fuelpipe.config.preflight import VERSION_BASE
 from fuelpipe.context import InferenceContext
 from models.registry import build_random_model
 import _global_state
+
+# Plans persist in a private folder for the session, never in the user's ~/.cache/fuelpipe (CLI runs
+# in subprocesses inherit it).
+os.environ["FUELPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fuelpipe-test-plans-")
 
 # Two cores: keep torch from oversubscribing when pytest runs alongside other work.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -80,8 +85,11 @@ def compose_cfg():
 
 
 def with_tiny_model(overrides) -> list[str]:
-    """Tests run on the tiny random Llama unless they name a model (the shipped default is a real checkpoint)."""
+    """Tests run on the tiny random Llama and the fx backend unless they name a model or a backend (the
+    shipped defaults are a real checkpoint and backend=aot, whose build the tests that name it pay for)."""
     overrides = list(overrides)
+    if not any(o.startswith(("backend=", "backend.name=")) for o in overrides):
+        overrides = [*overrides, "backend=fx"]
     if any(o.startswith("model=") for o in overrides):
         return overrides
     return [*overrides, "model=llama_tiny"]

@@ -60,7 +60,7 @@ def serve(tm: TextModel, max_batch: int = 4) -> Server:
 
 @pytest.fixture(scope="module")
 def server(tiny_gguf):
-    srv = serve(with_template(fuelpipe.load(tiny_gguf)))
+    srv = serve(with_template(fuelpipe.load(tiny_gguf, backend="fx")))
     yield srv
     srv.close()
 
@@ -173,7 +173,7 @@ def test_concurrent_greedy_requests_equal_their_solo_runs(server, client, oracle
 
 def test_batch_vs_solo_catches_rows_sharing_a_position(tiny_gguf, oracle):
     """The negative control: a batched step whose rows all read row 0's position answers differently."""
-    tm = with_template(fuelpipe.load(tiny_gguf))
+    tm = with_template(fuelpipe.load(tiny_gguf, backend="fx"))
     faulty = TextModel(InferenceContext(tm.model, "fx", fault=Fault.SHARED_BATCH_POSITION), tm.tokenizer)
     srv = serve(faulty)
     try:

@@ -33,7 +33,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tm(tiny_gguf) -> TextModel:
-    return fuelpipe.load(tiny_gguf)
+    return fuelpipe.load(tiny_gguf, backend="fx")
 
 
 def with_tokenizer(tm: TextModel, **changes) -> TextModel:

@@ -13,7 +13,7 @@ from models.registry import build_random_model
 @pytest.fixture(scope="module")
 def tm(tmp_path_factory):
     path = write_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", build_random_model("llama", "tiny", seed=5))
-    return fuelpipe.load(path)
+    return fuelpipe.load(path, backend="fx")
 
 
 def test_repeated_generations_build_the_decode_plan_once(tm):
@@ -27,7 +27,7 @@ def test_repeated_generations_build_the_decode_plan_once(tm):
 def test_a_rewound_cache_gives_the_text_of_a_fresh_one(tm):
     long_first = tm.generate("x " * 40, max_new_tokens=30).text  # fills positions the next run will not write
     kept = tm.generate("short", max_new_tokens=8)
-    fresh = fuelpipe.load(tm.tokenizer.source).generate("short", max_new_tokens=8)
+    fresh = fuelpipe.load(tm.tokenizer.source, backend="fx").generate("short", max_new_tokens=8)
     assert long_first and kept.tokens == fresh.tokens
 
 

@@ -249,7 +249,7 @@ def test_a_bad_backend_is_refused_before_the_weights_load(tmp_path):
 CHILD = """
 import json, os, sys, time
 import fuelpipe
-m = fuelpipe.load("smollm2_135m")
+m = fuelpipe.load("smollm2_135m", backend="fx")
 chat = [{"role": "user", "content": "Tell me a long story about a dragon who learns to cook."}]
 m.chat(chat, max_new_tokens=4)  # plans built, caches warm
 folder = sys.argv[1]

@@ -7,6 +7,7 @@ prompt or messages). Greedy (the default) picks exactly the tokens ``InferenceCo
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -17,7 +18,9 @@ from fuelpipe.api.cache_shelf import CacheShelf
 from fuelpipe.api.pieces import TextPieces
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import ConfigError, InputError
-from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.aot_program import prewarm_compiler
+from fuelpipe.plan.backends import AUTO_CACHE_DIR, BACKENDS, BackendSpec, plan_cache_dir
+from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.registry import did_you_mean
 from fuelpipe.sampling import SamplingParams, sampler_for
 from fuelpipe.threads import for_backend
@@ -144,14 +147,19 @@ def _finish(run: _Run, text: str) -> Completion:
 
 
 def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32,
-         backend: str | BackendSpec = "fx", threads: Optional[int] = None) -> TextModel:
+         backend: str | BackendSpec = "aot", threads: Optional[int] = None) -> TextModel:
     """A named checkpoint (``smollm2_135m``, ``gemma3_270m``) or a local ``.gguf`` file / HF directory.
 
     ``threads=N`` fixes torch's intra-op threads for the whole process (``torch.set_num_threads``).
     Left at None, generation adapts its thread count to the machine's load (``fuelpipe.threads``): all
     cores alone, fewer when other processes want them; on the eager backend the count stays fixed.
     Every argument is checked before the weights are read."""
-    spec = backend if isinstance(backend, BackendSpec) else BackendSpec(name=backend)
+    if isinstance(backend, BackendSpec):
+        spec = backend
+    else:
+        spec = BackendSpec(name=backend)
+        # plans persist in the user's cache folder, as the CLI's default backend.plan_cache.dir=auto does
+        spec = dataclasses.replace(spec, plan_cache=PlanCacheSpec(dir=plan_cache_dir(AUTO_CACHE_DIR, backend)))
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ConfigError(did_you_mean("dtype", dtype, DTYPES))
@@ -166,6 +174,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str = torch.fl
     source = _resolve(name_or_path)
     if threads is not None:
         torch.set_num_threads(threads)
+    if BACKENDS.get(spec.name).ahead_of_time:
+        prewarm_compiler()  # inductor's import overlaps reading the weights
     model, tokenizer, _ = load_model(source, dtype=dtype)
     if tokenizer is None:
         raise ConfigError(f"{source}: the checkpoint has no tokenizer (an HF directory needs tokenizer.json); "

@@ -116,13 +116,16 @@ class BatchConfig:
 class PlanCacheConfig:
     """Compiled inductor plans kept on disk and reused by any process whose plan matches (fuelpipe.plan.aot_program)."""
 
-    dir: Optional[str] = None  # null: off; a folder every sweep worker can read and write
+    # auto: backend=aot keeps its programs (no weights, a few MB) in $FUELPIPE_CACHE_DIR, else
+    # $XDG_CACHE_HOME/fuelpipe, else ~/.cache/fuelpipe; inductor stores only into a folder named here.
+    # null: off. A folder: every sweep worker that can read and write it shares its plans.
+    dir: Optional[str] = "auto"
     max_gb: float = 8.0  # least recently used entries go past this
 
 
 @dataclass
 class BackendConfig:
-    name: str = "fx"  # a registered backend: eager | fx | inductor, or one an installed package adds
+    name: str = "aot"  # a registered backend: eager | fx | inductor | aot, or one an installed package adds
     device: Device = Device.cpu
     fx_passes: List[str] = field(default_factory=lambda: list(DEFAULT_FX_PASSES))  # the one default list
     # torch intra-op threads. null: torch's default, and generation adapts the count to the machine's

@@ -215,22 +215,25 @@ def _plan(p: DictConfig) -> list[str]:
 def _plan_cache(cfg: DictConfig) -> list[str]:
     from pathlib import Path
 
+    from fuelpipe.plan.backends import plan_cache_dir
+
     pc = cfg.backend.plan_cache
     reasons = []
     if not pc.max_gb > 0:
         reasons.append(f"backend.plan_cache.max_gb must be > 0, got {pc.max_gb}")
     if pc.dir is not None and not str(pc.dir).strip():
         reasons.append("backend.plan_cache.dir is an empty string; use null to switch the plan cache off, or a folder")
-    if pc.dir is None or not str(pc.dir).strip() or not getattr(_backend_entry(cfg), "stores_plans", False):
+    folder = plan_cache_dir(pc.dir, cfg.backend.name) if cfg.backend.name in _backends() else None
+    if folder is None or not str(folder).strip() or not getattr(_backend_entry(cfg), "stores_plans", False):
         return reasons  # off, or a backend that compiles nothing to keep (the run warns and says so)
     import os
 
-    path = Path(pc.dir).expanduser()
+    path = Path(folder).expanduser()
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is a file, not a folder")
+        reasons.append(f"backend.plan_cache.dir={pc.dir!r} ({folder}): {existing} is a file, not a folder")
     elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        reasons.append(f"backend.plan_cache.dir={pc.dir!r}: {existing} is not writable")
+        reasons.append(f"backend.plan_cache.dir={pc.dir!r} ({folder}): {existing} is not writable")
     offset = _offset_path(cfg)
     # (an ahead-of-time backend refuses the symbol path on its own, below: said once)
     if offset == "symbol" and not getattr(_backend_entry(cfg), "ahead_of_time", False):
@@ -238,6 +241,12 @@ def _plan_cache(cfg: DictConfig) -> list[str]:
                        f"(model.family={cfg.model.family}, plan.offset_mode={offset}): host integers would be "
                        "stored as constants; set plan.offset_mode=tensor")
     return reasons
+
+
+def _backends():
+    from fuelpipe.plan.backends import BACKENDS
+
+    return BACKENDS
 
 
 def _backend_entry(cfg: DictConfig):
@@ -252,6 +261,8 @@ def _offset_path(cfg: DictConfig) -> Optional[str]:
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
     if offset is None and cfg.model.family in families():
         offset = getattr(families()[cfg.model.family].model_cls, "offset_mode", None)
+        if offset == "symbol" and getattr(_backend_entry(cfg), "ahead_of_time", False):
+            offset = "tensor"  # the family's own path is a preference; InferenceContext takes tensors here
     return offset
 
 

@@ -5,7 +5,8 @@ no compilation (``plan_cache_keys``: both halves, from other weights, geometry, 
 count, pass source, pass list and -march that must change it to a fresh context,
 another instance of the same weights and another position that must not).
 
-The stored plans themselves are checked where a plan cache is configured (``backend=inductor backend.plan_cache.dir=...``),
+The stored plans themselves are checked where a plan cache is configured (``backend=aot``, whose default
+``backend.plan_cache.dir=auto`` is the user's cache folder, or ``backend=inductor backend.plan_cache.dir=...``),
 in a private folder of its own (removed afterwards: the oracle corrupts an entry, and a
 shared folder's published entries never change under its other readers; nor can a small
 ``max_gb`` or another worker evict what it checks), with fresh contexts (nothing held in
@@ -17,9 +18,12 @@ Must reuse (a cache that never hits throws the saving away):
   and its logits are bit-identical to the first build's.
 
 Must not reuse (a cache that hits too readily serves a wrong answer at full speed):
-* the same config with other weights (one element changed): another entry (a different key),
-  and logits equal to that model's own reference run;
-* the same model at another geometry (a cache of another capacity): another entry;
+* the same config with other weights (one element changed): another entry (a different key)
+  where the weights are baked in (inductor); where the programs take the weights as arguments
+  (aot's layer programs) the same entry, run on the other weights; either way, logits equal to
+  that model's own reference run;
+* the same model at another geometry (a cache of another capacity): another entry (inductor), the
+  same one (aot: the capacity is a symbol of the program), and that geometry's reference logits;
 * a corrupted entry (one payload byte flipped): reported ``corrupt`` and rebuilt, never
   loaded, and the rebuilt plan computes the same logits.
 
@@ -53,6 +57,7 @@ class Served:
     status: str
     key: str
     logits: list[torch.Tensor]
+    weights_bound: bool = False  # its stored programs take the weights as arguments (backend=aot)
 
 
 def _serve(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> Served:
@@ -62,7 +67,8 @@ def _serve(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> Serv
     logits = [ctx.prefill(cache, list(inp.prompts[0]))[0]]
     logits += [ctx.decode(cache, t)[0] for t in tokens]
     event = ctx.plan.session.program.cache_event
-    return Served(event.status if event else "none", event.key if event else "", logits)
+    return Served(event.status if event else "none", event.key if event else "", logits,
+                  bool(event and event.weights_bound))
 
 
 def _reference(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> list[torch.Tensor]:
@@ -94,7 +100,8 @@ def run(inp: OracleInput) -> OracleResult:
     if stored:
         private = tempfile.mkdtemp(prefix="fuelpipe-plan-cache-oracle-")
         try:
-            own = dataclasses.replace(pc, dir=private, max_gb=1e6)
+            # seeded from the run's folder: a program it holds is copied (verified), not compiled again
+            own = dataclasses.replace(pc, dir=private, max_gb=1e6, seed=pc.dir)
             setup = inp.setup.with_changes(backend=dataclasses.replace(inp.setup.backend, plan_cache=own))
             first_build, served = _stored(dataclasses.replace(inp, setup=setup))
             checks += served
@@ -132,23 +139,31 @@ def _stored(inp: OracleInput) -> tuple[str, list[Check]]:
 
     other = one_element_changed(inp.model)  # a checkpoint's other_model is a reload: the same weights
     served = _serve(inp, other, n, tokens)
-    checks += [
-        Check("other weights: another entry", served.key != first.key, f"status {served.status}, "
-              f"key {'differs' if served.key != first.key else 'is the first model key'}"),
-        _matches_reference(inp, "other weights", served, _reference(inp, other, n, tokens)),
-    ]
+    if first.weights_bound:  # programs that take the weights: the same entry, run on the other weights
+        checks.append(Check("other weights: the same entry, the other weights bound",
+                            served.status == "hit" and served.key == first.key,
+                            f"status {served.status}, key {'same' if served.key == first.key else 'differs'}"))
+    else:  # weights baked into the entry: another key
+        checks.append(Check("other weights: another entry", served.key != first.key, f"status {served.status}, "
+                            f"key {'differs' if served.key != first.key else 'is the first model key'}"))
+    checks.append(_matches_reference(inp, "other weights", served, _reference(inp, other, n, tokens)))
 
     wider = n + 16
     served = _serve(inp, inp.model, wider, tokens)
-    checks += [
-        Check("other geometry: another entry", served.key != first.key, f"status {served.status}, "
-              f"capacity {wider} vs {n}"),
-        _matches_reference(inp, "other geometry", served, _reference(inp, inp.model, wider, tokens)),
-    ]
+    if first.weights_bound:  # a KV capacity is a symbol of the program: served by the same entry
+        checks.append(Check("other geometry: the same entry (capacity is a symbol)",
+                            served.status == "hit" and served.key == first.key,
+                            f"status {served.status}, capacity {wider} vs {n}"))
+    else:
+        checks.append(Check("other geometry: another entry", served.key != first.key, f"status {served.status}, "
+                            f"capacity {wider} vs {n}"))
+    checks.append(_matches_reference(inp, "other geometry", served, _reference(inp, inp.model, wider, tokens)))
 
     store = PlanStore(pc.dir, pc.max_bytes)
-    if (store.entry(first.key) / PAYLOAD).is_file():
-        _flip_a_byte(store, first.key)
+    entries = [k for k in first.key.split("+") if k]
+    if entries and all((store.entry(k) / PAYLOAD).is_file() for k in entries):
+        for k in entries:
+            _flip_a_byte(store, k)
         served = _serve(inp, inp.model, n, tokens)
         checks += [
             Check("corrupted entry: rebuilt, not loaded", served.status == "corrupt", f"status {served.status}"),

@@ -24,6 +24,7 @@ stores and loads exactly as the inductor backend does.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,9 @@ class PlanCacheEvent:
     load_s: float = 0.0  # verifying and loading the package
     published: Optional[bool] = None  # a compile: whether this process's entry was the one kept
     entry_bytes: int = 0
+    # The stored programs take the weights as arguments (backend=aot's layer programs): one entry serves
+    # every checkpoint of the same shapes, so other weights are the same key, not another one.
+    weights_bound: bool = False
 
     @property
     def hit(self) -> bool:
@@ -146,27 +150,78 @@ class CachedAotStep(_BuiltOnFirstCall):
 class AotStep(_BuiltOnFirstCall):
     """The program ``fn`` of ``backend=aot``: the step compiled ahead of time on its first call and held.
 
-    The package is compiled without its weights (``aot_inductor.package_constants_in_so=False``) and
-    bound to the very tensors the traced graph holds (the model's parameters and the plan's derived
-    copies) by reference (``load_constants(user_managed=True)``): the package holds no weights, its file
-    is small and deleted once loaded. (The compile itself leaves about the weights' size resident in the
-    process; docs/limits.md.) Each token is then one call into the compiled library: no Dynamo
-    guard, no Python between operators.
+    The optimised graph is cut into layers (``fuelpipe.plan.layer_segments``); each distinct layer
+    shape is compiled once into an AOTInductor library that takes the layer's weights as arguments
+    (``fuelpipe.plan.layer_programs``), so a 30-layer model compiles one program, not 30 layers' worth,
+    and the packages hold no weights. With a store (``store_dir``: the plan cache) a program compiled by
+    any earlier process on this machine is loaded instead. The step then runs as fx code: the prologue
+    (embedding, per-layer slices of the step's inputs), one library call per layer, the head.
+
+    A graph that cannot be cut (``NotSegmentable``) is compiled whole, as one package bound to the very
+    tensors the traced graph holds (``_realize_whole``); the event's detail says why.
     """
 
     step: nn.Module
     trace: Callable  # (step, passes) -> (GraphModule, applied passes): fuelpipe.plan.backends.trace_step
     passes: tuple[str, ...]
     misbind: bool = False  # negative control only (Fault.AOT_CONSTANTS_MISBOUND)
+    store_dir: Optional[str] = None  # the plan cache folder; None: compile privately, keep nothing
+    max_bytes: int = 8 << 30
+    seed_dir: Optional[str] = None  # a folder to copy verified programs from on a miss (never written)
+    layered: bool = True  # False: compile the whole step as one package (the former build, for comparison)
     event: PlanCacheEvent = field(default_factory=lambda: PlanCacheEvent(status="private"))
     passes_applied: dict = field(default_factory=dict)
+    layer_build: Optional[object] = None  # fuelpipe.plan.layer_programs.LayerBuild, once built
 
     def _realize(self, args: tuple) -> Callable:
-        import tempfile
+        from fuelpipe.plan.layer_segments import NotSegmentable
 
         t0 = time.perf_counter()
         gm, applied = self.trace(self.step, self.passes)
         self.passes_applied.update(applied)
+        _prewarmed()
+        self.event.key_s = time.perf_counter() - t0
+        if self.layered:
+            try:
+                run = self._realize_layered(gm, args)
+                if self.store_dir is not None:
+                    cache_ledger.record(self.store_dir, self.event.record())
+                return run
+            except NotSegmentable as why:
+                log.info("aot: compiling the whole step: %s", why)
+                self.event.detail = f"compiled whole: {why}"
+        return self._realize_whole(gm, args)
+
+    def _realize_layered(self, gm, args: tuple) -> Callable:
+        from fuelpipe.plan.layer_programs import LayerBuild, LayerCall, build_programs
+        from fuelpipe.plan.layer_segments import assemble, cut, group_by_signature, record_values
+
+        t0 = time.perf_counter()
+        values = record_values(gm, args)
+        the_cut = cut(gm, values, self.step.backbone.dims.n_layers)
+        groups = group_by_signature(the_cut.segments)
+        self.event.key_s += time.perf_counter() - t0
+        store = PlanStore(self.store_dir, self.max_bytes) if self.store_dir is not None else None
+        seed = PlanStore(self.seed_dir, self.max_bytes) if self.seed_dir is not None and store is not None else None
+        build = self.layer_build = LayerBuild()
+        programs = build_programs(groups, lambda s: [values[i] for i in s.inputs], store, build, seed=seed)
+        calls = [LayerCall(programs[s.signature], s.state, misbind=self.misbind) for s in the_cut.segments]
+        run = assemble(gm, the_cut, calls)
+        ev = self.event
+        ev.status = "private" if store is None else ("hit" if build.compiled == 0 else "miss")
+        if build.statuses:  # a corrupt or mismatched entry met on the way: said, though it was rebuilt
+            ev.status = build.statuses[0]
+        ev.key = "+".join(build.digests)
+        ev.weights_bound = True
+        ev.detail = (f"{build.shapes} layer program(s) for {len(the_cut.segments)} layers: "
+                     f"{build.hits} loaded, {build.compiled} compiled" + "".join(f"; {d}" for d in build.details))
+        ev.compile_s, ev.load_s, ev.entry_bytes = build.compile_s, build.load_s, build.entry_bytes
+        return run
+
+    def _realize_whole(self, gm, args: tuple) -> Callable:
+        import tempfile
+
+        t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="fuelpipe-aot-") as tmp:
             out = Path(tmp) / "plan.pt2"
             constants = _compile(gm, args, out, weights_in_package=False)
@@ -282,3 +337,35 @@ def _load_compiled_anyway(gm, args: tuple) -> Callable:
         out = Path(tmp) / "plan.pt2"
         _compile(gm, args, out)
         return _load(out)
+
+
+_prewarm: Optional[threading.Thread] = None
+
+
+def prewarm_compiler() -> None:
+    """Import inductor on a background thread, once per process.
+
+    A fresh process spends about 1.5 s importing inductor before its first AOT package can load: started
+    before the weights are read (``fuelpipe.load``, the runner's ``assemble``), the import overlaps the
+    load instead of delaying the first token. The build joins the thread before it needs inductor."""
+    global _prewarm
+    if _prewarm is not None:
+        return
+
+    def warm() -> None:
+        try:
+            import torch._inductor  # noqa: F401
+
+            from fuelpipe.plan.plan_cache_key import machine_digest
+
+            machine_digest()
+        except Exception:  # the build does the same and reports any failure itself
+            pass
+
+    _prewarm = threading.Thread(target=warm, name="fuelpipe-prewarm", daemon=True)
+    _prewarm.start()
+
+
+def _prewarmed() -> None:
+    if _prewarm is not None:
+        _prewarm.join()

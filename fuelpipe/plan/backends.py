@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
@@ -170,6 +173,10 @@ class BackendEntry:
     # fuelpipe's kernels, which split work by output column only (tests/test_threads.py checks every
     # family); eager's torch linears may differ in the last bit, so eager keeps its count fixed.
     thread_invariant: bool = False
+    # With ``backend.plan_cache.dir=auto`` (the default) its plans persist in the user's cache folder
+    # (``user_cache_dir``). aot's stored programs hold no weights (a few MB); inductor's stored packages
+    # carry the weights, so it stores only into a folder the user names.
+    caches_by_default: bool = False
 
 
 def _build_eager(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:
@@ -221,10 +228,9 @@ def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgra
 
     if not cacheable(step_kind):
         return _build_inductor_cached(spec, step, step_kind)  # backend "inductor", event "uncacheable"
-    if spec.plan_cache.enabled:
-        return dataclasses.replace(_build_inductor_cached(spec, step, step_kind), backend="aot")
     fn = AotStep(step, functools.partial(trace_step, rows=spec.rows), tuple(spec.fx_passes),
-                 misbind=spec.misbind_constants)
+                 misbind=spec.misbind_constants, store_dir=spec.plan_cache.dir,
+                 max_bytes=spec.plan_cache.max_bytes, seed_dir=spec.plan_cache.seed)
     return StepProgram("aot", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
                        compiles_on_first_call=True, cache_event=fn.event)
 
@@ -240,9 +246,39 @@ BUILTIN_BACKENDS = (
                  thread_invariant=True),
     # the prompt program (a new length every call) stays torch.compile'd: only the held step is AOT
     BackendEntry("aot", _build_aot, prompt_compiler=_compile_prompt, stores_plans=True, ahead_of_time=True,
-                 thread_invariant=True),
+                 thread_invariant=True, caches_by_default=True),
 )
 BACKENDS: Registry[BackendEntry] = Registry("fuelpipe.backends", "backend", BackendEntry)
+
+
+AUTO_CACHE_DIR = "auto"
+
+
+def user_cache_dir() -> Path:
+    """Where plans persist by default: ``$FUELPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fuelpipe``, else
+    ``~/.cache/fuelpipe``."""
+    if os.environ.get("FUELPIPE_CACHE_DIR"):
+        return Path(os.environ["FUELPIPE_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "fuelpipe"
+
+
+def plan_cache_dir(value: Optional[str], backend: str) -> Optional[str]:
+    """``backend.plan_cache.dir`` resolved: ``auto`` is the user's cache folder for a backend that
+    caches by default (aot) and off for the others; None is off; anything else is the folder given."""
+    if value != AUTO_CACHE_DIR:
+        return value
+    entry = BACKENDS.get(backend) if backend in BACKENDS else None
+    if entry is None or not entry.caches_by_default:
+        return None
+    folder = user_cache_dir()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        # the default must not stop a run: plans are compiled privately, and the log says why
+        logging.getLogger(__name__).warning("fuelpipe: the plan cache folder %s cannot be written (%s); plans "
+                                            "are built for this process only", folder, existing)
+        return None
+    return str(folder)
 
 
 def build_program(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgram:

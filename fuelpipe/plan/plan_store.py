@@ -47,6 +47,9 @@ class PlanCacheSpec:
     max_gb: float = 8.0
     # Negative control only (Fault.PLAN_CACHE_IGNORES_WEIGHTS): key entries without the weight digest.
     key_weights: bool = True
+    # A folder to copy a verified entry from on a miss, instead of compiling it (the plan_cache oracle's
+    # private folder is seeded from the run's own); never written.
+    seed: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_gb, (int, float)) or isinstance(self.max_gb, bool) or not self.max_gb > 0:

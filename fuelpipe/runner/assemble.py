@@ -19,7 +19,8 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup
-from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.aot_program import prewarm_compiler
+from fuelpipe.plan.backends import BACKENDS, BackendSpec, plan_cache_dir
 from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.runner.model_record import model_record
 from fuelpipe.runner.twin import Twin, twin_for
@@ -84,7 +85,8 @@ def setup_from(cfg: DictConfig) -> Setup:
         name=cfg.backend.name,
         fx_passes=tuple(cfg.backend.fx_passes),
         cache_policy=cfg.plan.cache_policy.value,
-        plan_cache=PlanCacheSpec(dir=cfg.backend.plan_cache.dir, max_gb=float(cfg.backend.plan_cache.max_gb)),
+        plan_cache=PlanCacheSpec(dir=plan_cache_dir(cfg.backend.plan_cache.dir, cfg.backend.name),
+                                 max_gb=float(cfg.backend.plan_cache.max_gb)),
         compile_prompt=bool(cfg.backend.compile_prompt),
     )
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
@@ -115,6 +117,8 @@ def assemble(cfg: DictConfig) -> Assembly:
     m = cfg.model
     tokenizer, load, report = None, {}, None
     quant = quant_spec(cfg.get("weights"))
+    if cfg.backend.name in BACKENDS and BACKENDS.get(cfg.backend.name).ahead_of_time:
+        prewarm_compiler()  # inductor's import overlaps reading the weights
     if m.weights is Weights.random:
         model = build_model(m, device, seed=m.seed, quant=quant)
     else:

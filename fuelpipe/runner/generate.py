@@ -196,9 +196,17 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         "plan_builds": ctx.plan.stats.builds,
         "plan_build_s": ctx.plan.stats.build_s,
         "plan_cache_hits": ctx.plan.stats.cache_hits,
+        # what the decode plan's build did: compiled, loaded from the plan cache, or neither (fx, eager)
+        "plan_cache": _event_record(ctx),
         "threads": thread_use(ctx.thread_governor),
         "load": asm.load,
     }
+
+
+def _event_record(ctx) -> Optional[dict[str, Any]]:
+    session = getattr(ctx.plan, "session", None)
+    event = getattr(getattr(session, "program", None), "cache_event", None)
+    return event.record() if event is not None else None
 
 
 def _run_batch(cfg: DictConfig, asm: Assembly, req: GenerationRequest, out: TextIO) -> dict[str, Any]:

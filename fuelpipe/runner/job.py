@@ -17,7 +17,7 @@ from fuelpipe.results import (
     CONFIG_ERROR, ERROR, INTERRUPTED, SKIPPED, env_info, results_doc, status_of, uncaught_faults,
 )
 from fuelpipe.plan import cache_ledger
-from fuelpipe.plan.backends import BACKENDS
+from fuelpipe.plan.backends import BACKENDS, plan_cache_dir
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.allocator import return_large_frees_to_os
 from fuelpipe.bench.rss import PhasePeaks
@@ -102,7 +102,8 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
     partial["model"] = asm.model_record
     if asm.model_record.get("family_mismatch"):
         log.warning("fuelpipe: %s", asm.model_record["family_mismatch"])
-    if cfg.backend.plan_cache.dir is not None and not BACKENDS.get(cfg.backend.name).stores_plans:
+    cache_dir = plan_cache_dir(cfg.backend.plan_cache.dir, cfg.backend.name)
+    if cache_dir is not None and not BACKENDS.get(cfg.backend.name).stores_plans:
         from fuelpipe.bench.decode import unused_plan_cache
 
         log.warning("fuelpipe: backend.plan_cache is set but %s", unused_plan_cache(cfg.backend.name))
@@ -139,9 +140,9 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
         reasons=uncaught_faults(oracles)
     )
     doc["model"] = asm.model_record
-    if cfg.backend.plan_cache.dir is not None and BACKENDS.get(cfg.backend.name).stores_plans:
+    if cache_dir is not None and BACKENDS.get(cfg.backend.name).stores_plans:
         # every cached build of the job (generation, oracles, benchmark), not the benchmark's alone
-        doc["plan_cache"] = cache_ledger.summary_since(ledger_start, cfg.backend.plan_cache.dir)
+        doc["plan_cache"] = cache_ledger.summary_since(ledger_start, cache_dir)
     doc["generation"] = generation
     doc.update(sections)
     doc["load"] = asm.load or None

@@ -1,9 +1,23 @@
 """The results table a run prints: one line per oracle, then the benchmark."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from fuelpipe.runner.model_record import describe
+
+
+def plan_cache_said(event: Optional[dict]) -> str:
+    """How the decode plan came to be: loaded from the plan cache, compiled (and kept), or compiled privately."""
+    if not event or not event.get("status"):
+        return ""
+    status, compile_s, load_s = event["status"], event.get("compile_s", 0.0), event.get("load_s", 0.0)
+    if status == "hit":
+        return f"; plan from the plan cache (loaded in {load_s:.1f} s)"
+    if status == "private":
+        return f"; plan compiled in {compile_s:.1f} s, not kept (backend.plan_cache.dir=null)"
+    if status == "uncacheable":
+        return f"; plan compiled with torch.compile, not kept ({event.get('detail', '')})"
+    return f"; plan compiled in {compile_s:.1f} s and kept in the plan cache ({status})"
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -49,6 +63,7 @@ def render(doc: dict[str, Any]) -> str:
             + (f" (its program build {gen['prefill_build_ms']:.0f} ms)" if gen.get("prefill_build_ms") else "")
             + f"; {gen['plan_builds']} plan build(s) {1000.0 * gen.get('plan_build_s', 0.0):.0f} ms"
             + (f" (first decode step {first:.0f} ms, build included)" if first is not None else "")
+            + plan_cache_said(gen.get("plan_cache"))
             + threads_said(gen.get("threads"))
         )
     mem = doc.get("memory")

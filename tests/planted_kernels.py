@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_tiny_model
 from planted_record import record
 
 pytestmark = pytest.mark.slow
@@ -80,7 +81,7 @@ def run_gate(root: Path, work: Path, overrides) -> tuple[subprocess.CompletedPro
     run_dir = work / "run"
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "fuelpipe", "model=llama_tiny", "experiment=parity", *overrides,
+        [sys.executable, "-m", "fuelpipe", *with_tiny_model(["model=llama_tiny", "experiment=parity", *overrides]),
          f"hydra.run.dir={run_dir}"],
         cwd=work, env=env, capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - t0

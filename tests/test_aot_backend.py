@@ -1,7 +1,8 @@
 """backend=aot: the held step compiled ahead of time (AOTInductor) and bound to the model's own weights.
 
-Each plan build is an AOTInductor compile of the tiny model's step (~15-30 s on 2 cores), so the tests that
-build are ``slow`` (their own CI step); the config checks run by default.
+Each plan build here is an AOTInductor compile of the tiny model's layer program (~10 s on 2 cores, private:
+no plan cache), so the tests that build are ``slow`` (their own CI step); the config checks run by default.
+tests/test_layered_aot.py covers the default build, with a store, in the default run.
 """
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ def test_aot_plan_computes_the_reference_on_the_models_own_weights(threads):
     program = ctx.plan.session.program
     assert program.backend == "aot" and ctx.plan.stats.builds == 1  # one compile, reused for every token
     assert program.cache_event.status == "private" and program.cache_event.compile_s > 0
-    # The package holds no weights of its own: a constant holding a parameter's values is that parameter,
+    # The programs hold no weights of their own: a weight holding a parameter's values is that parameter,
     # by address (the rest are the plan's derived copies, e.g. fused q/k/v, held by the plan, not the package).
-    bound = list(program.fn._run._constants.values())
+    calls = [m for name, m in program.fn._run.named_children() if name.startswith("layer_")]
+    bound = [w for call in calls for w in call.weights]
     params = list(model.parameters())
     addresses = {p.data_ptr() for p in params}
     by_address = [t for t in bound if t.data_ptr() in addresses]

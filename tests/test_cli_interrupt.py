@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, with_tiny_model
 from fuelpipe.results import read_results, schema_problems
 from models.registry import build_random_model
 from weights_helpers import write_llama_gguf
@@ -37,6 +37,7 @@ class Cli:
     def __init__(self, *args: str, cwd: Path, env: dict | None = None) -> None:
         env = dict(env or os.environ, CI="true",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        args = tuple(with_tiny_model(args))  # the tiny model and the fx backend unless named
         self.proc = subprocess.Popen([sys.executable, "-m", "fuelpipe", *args], cwd=cwd, env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.out, self.err = [], []

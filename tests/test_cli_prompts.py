@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, with_tiny_model
 from models.registry import build_random_model
 from weights_helpers import write_llama_gguf
 
@@ -31,7 +31,7 @@ def _generated_prompt(tmp_path: Path, gguf: Path, *args: str, stdin: str | None 
         proc = run_cli(*argv, cwd=tmp_path)
     else:
         env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.run([sys.executable, "-m", "fuelpipe", *argv], cwd=tmp_path, env=env, input=stdin,
+        proc = subprocess.run([sys.executable, "-m", "fuelpipe", *with_tiny_model(argv)], cwd=tmp_path, env=env, input=stdin,
                               capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((run / "results.json").read_text())["generation"]["prompt"]
@@ -79,7 +79,7 @@ def test_prompt_from_a_file_and_from_stdin_is_the_text_as_written(tmp_path, tiny
 def test_a_prompt_source_without_text_exits_2_naming_it(tmp_path, args, stdin, message):
     (tmp_path / "empty.txt").write_text("\n")
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "fuelpipe", "model=llama_tiny", *QUICK, *args,
+    proc = subprocess.run([sys.executable, "-m", "fuelpipe", "model=llama_tiny", "backend=fx", *QUICK, *args,
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, input=stdin or "",
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]

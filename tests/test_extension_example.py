@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_tiny_model
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mistral_sw"
 
@@ -48,8 +50,8 @@ def _env(site: Path, planted: bool = False) -> dict:
 
 def _cli(site: Path, out: Path, *overrides: str, planted: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fuelpipe", "model=mistral_sw_tiny", "experiment=parity", f"hydra.run.dir={out}",
-         *overrides],
+        [sys.executable, "-m", "fuelpipe", *with_tiny_model(["model=mistral_sw_tiny", "experiment=parity",
+                                                             f"hydra.run.dir={out}", *overrides])],  # fx unless named
         env=_env(site, planted), capture_output=True, text=True, timeout=600, cwd=out.parent,
     )
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
+from conftest import with_tiny_model
 from fuelpipe.faults import Fault
 from fuelpipe.kernels.build import load, vector_path
 from fuelpipe.oracles.execute import execute
@@ -384,7 +385,7 @@ def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path)
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "fuelpipe", "model=llama_tiny", *override,
+    r = subprocess.run([sys.executable, "-m", "fuelpipe", *with_tiny_model(["model=llama_tiny", *override]),
                         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stdout + r.stderr

@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
                         "limit when lower)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--backend", default="fx", help="the held plan's backend (default %(default)s)")
+    p.add_argument("--backend", default="aot", help="the held plan's backend (default %(default)s)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the name, or the file or directory name)")
     p.add_argument("--quiet", action="store_true", help="do not log each request to stderr")

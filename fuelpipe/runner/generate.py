@@ -6,6 +6,8 @@ small for it) is a ``ConfigError`` there, before any generation or oracle runs.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import statistics
 import sys
 import time
@@ -163,8 +165,9 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
     phases.start("prefill")  # the prompt, with its program's build
     t0 = time.perf_counter()
     try:
-        result = ctx.generate(list(req.ids), req.max_new_tokens, sampler=req.sampler, cache=cache,
-                              stop_ids=tok.stop_ids, on_token=stream)
+        with _phase_logs_quiet(gen.stream):
+            result = ctx.generate(list(req.ids), req.max_new_tokens, sampler=req.sampler, cache=cache,
+                                  stop_ids=tok.stop_ids, on_token=stream)
     except KeyboardInterrupt:  # Ctrl-C: end the streamed text visibly and keep what was generated
         text = tok.decode(tokens)
         if gen.stream:
@@ -201,6 +204,22 @@ def run_generation(cfg: DictConfig, asm: Assembly, req: Optional[GenerationReque
         "threads": thread_use(ctx.thread_governor),
         "load": asm.load,
     }
+
+
+@contextlib.contextmanager
+def _phase_logs_quiet(streaming: bool):
+    """While text streams to stdout, the plan build's phase line (logged to stdout too) would land in the
+    middle of a sentence: it is held back; the generate line then says how the plan was built."""
+    if not streaming:
+        yield
+        return
+    logger = logging.getLogger("fuelpipe.plan.session")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _event_record(ctx) -> Optional[dict[str, Any]]:

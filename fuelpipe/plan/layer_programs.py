@@ -120,18 +120,13 @@ def fits(static: list[list[int]], inputs: list[torch.Tensor]) -> Optional[str]:
 class LayerProgram:
     """A loaded layer package: ``program(flat)`` runs it on (inputs..., state...) and returns its outputs."""
 
-    def __init__(self, path: Path, n_args: int) -> None:
-        import torch._inductor
-
+    def __init__(self, path: Path) -> None:
         from fuelpipe.plan.panels import kernels_available
 
         kernels_available()  # the package names fuelpipe's C++ operators; register them before it runs
         compiled = _load_package(path)
-        in_spec = compiled.loader.get_call_spec()[0]
         self._boxed_run = compiled.loader.boxed_run
         self._compiled = compiled  # keeps the library loaded
-        self.n_args = n_args
-        self.in_spec = in_spec
 
     def __call__(self, flat: list) -> list:
         return self._boxed_run(flat)  # boxed: it takes (and empties) the list
@@ -185,20 +180,19 @@ def build_programs(groups: dict[str, list[Segment]], examples: Callable[[Segment
     build.shapes = len(groups)
     for signature, members in groups.items():
         first = members[0]
-        n_args = len(first.inputs) + len(first.state)
         inputs = examples(first) + list(first.state)  # the program's arguments: a layer's inputs, then weights
         fields = program_fields(first)
         program = None
         if store is not None:
-            program, fields = _stored_program(store, fields, inputs, n_args, build)
+            program, fields = _stored_program(store, fields, inputs, build)
             if program is None and seed is not None and fields and _copied(seed, store, fields, inputs):
-                program, fields = _stored_program(store, fields, inputs, n_args, build)
+                program, fields = _stored_program(store, fields, inputs, build)
         if program is None:
             what = f"compiling the decode step's layer program {len(programs) + 1} of {len(groups)} " \
                    f"({len(members)} layers share it)"
             with waiting(what, "about 10 s; kept for later runs" if store is not None else "about 10 s"):
                 t1 = time.perf_counter()
-                program = _compiled(first, inputs, n_args, store, fields, build)
+                program = _compiled(first, inputs, store, fields, build)
                 build.compile_s += time.perf_counter() - t1
             build.compiled += 1
         programs[signature] = program
@@ -209,7 +203,7 @@ def _digest(fields: dict) -> str:
     return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()
 
 
-def _stored_program(store: PlanStore, fields: dict, inputs: list[torch.Tensor], n_args: int,
+def _stored_program(store: PlanStore, fields: dict, inputs: list[torch.Tensor],
                     build: LayerBuild) -> tuple[Optional["LayerProgram"], dict]:
     """The stored program for ``fields`` that fits ``inputs`` (None: compile one), and the fields to file
     a compiled one under: a program whose fixed sizes do not fit is filed apart, under the exact sizes."""
@@ -225,7 +219,7 @@ def _stored_program(store: PlanStore, fields: dict, inputs: list[torch.Tensor], 
         why = fits((found.extra or {}).get("static", []), inputs)
         if why is None:
             try:
-                program = LayerProgram(found.path, n_args)
+                program = LayerProgram(found.path)
             except Exception as err:  # a package this torch cannot load is a rebuild, never a crash
                 build.statuses.append("corrupt")
                 build.details.append(f"stored program failed to load ({type(err).__name__}: {err}); rebuilt")
@@ -256,10 +250,10 @@ def _copied(seed: PlanStore, store: PlanStore, fields: dict, inputs: list[torch.
     return True
 
 
-def _compiled(segment: Segment, inputs: list[torch.Tensor], n_args: int, store: Optional[PlanStore],
+def _compiled(segment: Segment, inputs: list[torch.Tensor], store: Optional[PlanStore],
               fields: dict, build: LayerBuild) -> "LayerProgram":
     if store is None or not fields:
-        return _compiled_privately(segment, inputs, n_args)
+        return _compiled_privately(segment, inputs)
     digest = _digest(fields)
     extra: dict = {}  # meta.json is written after the payload: the compile's fixed sizes go in it
 
@@ -269,13 +263,13 @@ def _compiled(segment: Segment, inputs: list[torch.Tensor], n_args: int, store: 
     path, _ = store.store(digest, fields, write, extra=extra)
     build.digests.append(digest)
     if not path.exists():  # published and evicted at once (a tiny max_gb): compile privately
-        return _compiled_privately(segment, inputs, n_args)
+        return _compiled_privately(segment, inputs)
     build.entry_bytes += path.stat().st_size
-    return LayerProgram(path, n_args)
+    return LayerProgram(path)
 
 
-def _compiled_privately(segment: Segment, args: list[torch.Tensor], n_args: int) -> LayerProgram:
+def _compiled_privately(segment: Segment, args: list[torch.Tensor]) -> LayerProgram:
     with tempfile.TemporaryDirectory(prefix="fuelpipe-layer-") as tmp:
         out = Path(tmp) / "layer.pt2"
         compile_segment(segment, args[:len(segment.inputs)], out)
-        return LayerProgram(out, n_args)
+        return LayerProgram(out)

@@ -21,6 +21,7 @@ whole graph. ``assemble`` rebuilds the step as fx code calling one module per la
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +61,6 @@ class Segment:
 class Cut:
     segments: list[Segment]
     tags: dict[fx.Node, int]
-
-    @property
-    def shapes(self) -> int:
-        """How many distinct programs the segments need."""
-        return len({s.signature for s in self.segments})
 
 
 def record_values(gm: fx.GraphModule, args: tuple) -> dict[fx.Node, Any]:
@@ -283,17 +279,13 @@ def assemble(gm: fx.GraphModule, the_cut: Cut, layer_calls: list[nn.Module]) -> 
         root.add_module(name, call)
         result = graph.call_module(name, tuple(_need(i) for i in segment.inputs))
         for k, out in enumerate(segment.outputs):
-            env[out] = graph.call_function(_item, (result, k))
+            env[out] = graph.call_function(operator.getitem, (result, k))
     for node in body:  # the epilogue
         if node not in in_layers and node.op != "output" and tags[node] != PROLOGUE:
             copy(node)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     graph.output(fx.node.map_arg(output.args[0], _need))
     return fx.GraphModule(root, graph, "LayeredStep")
-
-
-def _item(seq, k: int):
-    return seq[k]
 
 
 def group_by_signature(segments: list[Segment]) -> dict[str, list[Segment]]:

@@ -205,6 +205,17 @@ def test_switching_threads_every_step_changes_no_bit_on_an_invariant_backend(fam
     assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
 
 
+def test_switching_threads_every_step_changes_no_bit_on_the_default_aot_layer_programs():
+    """The layer programs are compiled for the machine's cores and their thread teams take the call's
+    count: a count changed between steps must leave every bit of the logits as it was."""
+    from fuelpipe.plan.backends import BACKENDS
+
+    assert BACKENDS.get("aot").thread_invariant
+    fixed, adapted = _switching_vs_fixed("llama", "aot")
+    assert adapted.tokens == fixed.tokens
+    assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
+
+
 def test_a_prompt_at_another_count_moves_bits_which_the_comparison_sees():
     """The negative control: the comparison above sees a last-bit change. torch's prompt matmuls block by
     thread count, so a prompt run at 1 thread instead of 2 moves the logits (why the docs say a run under

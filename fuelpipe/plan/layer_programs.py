@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,12 +30,17 @@ from fuelpipe.plan.plan_store import PlanStore
 
 log = logging.getLogger(__name__)
 
-FORMAT = "fuelpipe-layer-program/1"
-DYNAMIC_WEIGHTS = True
+FORMAT = "fuelpipe-layer-program/2"
 COMPILE_OPTIONS = {
-    # its loops take the thread count of the call, so a governor's change of count reaches them too
-    "cpp.dynamic_threads": True,
+    # The compiler builds for the vector ISAs the CPU reports, without inductor's probe (a test library
+    # compiled and loaded per ISA: 7 s on a fresh machine, 1.2 s per process after). A compiler that
+    # cannot build for them fails the compile, which is then retried with the probe (``_aoti_compile``).
+    "cpp.vec_isa_ok": True,
 }
+# Not ``cpp.dynamic_threads``: it gives every loop, however small, its own OpenMP region (7 per SmolLM2
+# layer against 1), 4% of a decode step. Without it inductor picks the loops worth a thread team at
+# compile time, for ``compile_threads()`` threads, and those regions take the count of the call (so a
+# thread governor's change of count still reaches them).
 
 
 @dataclass
@@ -57,7 +63,8 @@ def program_fields(segment: Segment) -> dict:
     from fuelpipe.plan.plan_cache_key import machine_digest
 
     return {"format": FORMAT, "segment": segment.digest, "options": repr(sorted(COMPILE_OPTIONS.items())),
-            "torch_version": torch.__version__, "machine": machine_digest(),
+            "weights": repr([(tuple(t.shape), str(t.dtype)) for t in segment.state]),
+            "threads": compile_threads(), "torch_version": torch.__version__, "machine": machine_digest(),
             "fuelpipe_version": fuelpipe.__version__, "code": _code_digest()}
 
 
@@ -86,25 +93,55 @@ class _Lifted(nn.Module):
         return torch.func.functional_call(self.segment_module, state, tuple(flat[:self.n_inputs]), strict=True)
 
 
+def compile_threads() -> int:
+    """The thread count a program is compiled for: the machine's cores (or more, where the caller asked for
+    more). At the cores' count inductor leaves the count of a thread team to the call."""
+    return max(os.cpu_count() or 1, torch.get_num_threads())
+
+
 def compile_segment(segment: Segment, example_inputs: list[torch.Tensor], out: Path) -> list[list[int]]:
     """Export ``segment`` at its example arguments and compile it into an AOTInductor package at ``out``.
 
     A contiguous input's sizes other than 1 are exported as symbols (``Dim.AUTO``): the program then
-    serves every KV capacity and batch bucket of the shape. Export keeps a size fixed where the code
-    needs it fixed; those come back as ``static``: per input, its sizes with -1 where the size is free."""
+    serves every KV capacity and batch bucket of the shape. The weights' sizes are fixed (the key holds
+    them), which lets inductor specialise the layer's loops. Export keeps an input's size fixed where the
+    code needs it fixed; those come back as ``static``: per argument, its sizes with -1 where it is free."""
     from torch.export import Dim
 
     args = tuple(example_inputs) + tuple(segment.state)
     dynamic = tuple({d: Dim.AUTO for d, n in enumerate(t.shape) if n > 1}
-                    if t.is_contiguous() and (k < len(example_inputs) or DYNAMIC_WEIGHTS) else None
+                    if t.is_contiguous() and k < len(example_inputs) else None
                     for k, t in enumerate(args))
     exported = torch.export.export(_Lifted(segment), args, dynamic_shapes=(dynamic,), strict=False)
     placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"][:len(args)]
     static = [[s if isinstance(s, int) else -1 for s in n.meta["val"].shape] for n in placeholders]
-    torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=dict(COMPILE_OPTIONS))
+    _aoti_compile(exported, out)
     if not out.is_file():
         raise PlanError(f"AOTInductor wrote no package at {out}")
     return static
+
+
+def _aoti_compile(exported, out: Path) -> None:
+    """``aoti_compile_and_package`` at ``compile_threads()``, trusting the CPU's vector flags; on a failed
+    build, once more with inductor's own probe of what the compiler can build."""
+    from torch._inductor import cpu_vec_isa
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(compile_threads())
+    try:
+        try:
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(out),
+                                                     inductor_configs=dict(COMPILE_OPTIONS))
+        except Exception as err:  # noqa: BLE001 - retried once with the probe, then raised as it is
+            log.warning("layer program: the build for the CPU's vector ISAs failed (%s: %s); "
+                        "retrying with inductor's ISA probe", type(err).__name__, str(err)[:200])
+            cpu_vec_isa.valid_vec_isa_list.cache_clear()
+            options = {k: v for k, v in COMPILE_OPTIONS.items() if k != "cpp.vec_isa_ok"}
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=options)
+        finally:
+            cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the list made under the patch is not inductor's
+    finally:
+        torch.set_num_threads(before)
 
 
 def fits(static: list[list[int]], inputs: list[torch.Tensor]) -> Optional[str]:

@@ -274,10 +274,8 @@ def assemble(gm: fx.GraphModule, the_cut: Cut, layer_calls: list[nn.Module]) -> 
     for node in body:  # the prologue: inputs, and what depends on them only
         if node not in in_layers and node.op != "output" and tags[node] == PROLOGUE:
             copy(node)
-    for segment, call in zip(the_cut.segments, layer_calls):
-        name = f"layer_{segment.layer}"
-        root.add_module(name, call)
-        result = graph.call_module(name, tuple(_need(i) for i in segment.inputs))
+    for segment, call in zip(the_cut.segments, layer_calls):  # called as plain functions: no module hooks
+        result = graph.call_function(call.forward, tuple(_need(i) for i in segment.inputs))
         for k, out in enumerate(segment.outputs):
             env[out] = graph.call_function(operator.getitem, (result, k))
     for node in body:  # the epilogue
@@ -285,7 +283,10 @@ def assemble(gm: fx.GraphModule, the_cut: Cut, layer_calls: list[nn.Module]) -> 
             copy(node)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     graph.output(fx.node.map_arg(output.args[0], _need))
-    return fx.GraphModule(root, graph, "LayeredStep")
+    step = fx.GraphModule(root, graph, "LayeredStep")
+    for segment, call in zip(the_cut.segments, layer_calls):  # held by the step too, for inspection
+        step.add_module(f"layer_{segment.layer}", call)
+    return step
 
 
 def group_by_signature(segments: list[Segment]) -> dict[str, list[Segment]]:

@@ -176,3 +176,57 @@ def test_the_shipped_default_is_aot_with_the_user_plan_cache(compose_cfg):
     cfg = compose_cfg(tiny=False)
     assert cfg.backend.name == "aot" and cfg.backend.plan_cache.dir == "auto"
     assert cfg.model.family == "llama"
+
+
+def test_a_failed_build_for_the_cpus_vector_flags_is_retried_with_inductors_probe(monkeypatch, tmp_path, caplog):
+    """The compile trusts the CPU's flags (no probe); a compiler that cannot build for them gets one more
+    build with inductor's own probe, and the thread count the compile ran at is given back."""
+    import torch._inductor
+    from torch._inductor import cpu_vec_isa
+
+    from fuelpipe.plan import layer_programs
+
+    calls = []
+
+    def fake_compile(exported, package_path, inductor_configs):
+        calls.append((dict(inductor_configs), torch.get_num_threads()))
+        if len(calls) == 1:
+            raise RuntimeError("g++: error: unrecognized command-line option '-mavx512vnni'")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake_compile)
+    cleared = []
+    monkeypatch.setattr(cpu_vec_isa.valid_vec_isa_list, "cache_clear", lambda: cleared.append(1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layer_programs._aoti_compile(object(), tmp_path / "p.pt2")
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert [c.get("cpp.vec_isa_ok") for c, _ in calls] == [True, None]
+    assert all(n == layer_programs.compile_threads() for _, n in calls)  # compiled for the cores
+    assert after == 1  # the caller's count is given back
+    assert cleared  # the ISA list made under the trust is dropped
+    assert "retrying with inductor's ISA probe" in caplog.text
+
+
+def test_a_build_that_fails_with_the_probe_too_is_raised(monkeypatch, tmp_path):
+    import torch._inductor
+
+    from fuelpipe.plan import layer_programs
+
+    def always_fails(exported, package_path, inductor_configs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", always_fails)
+    with pytest.raises(RuntimeError, match="no compiler"):
+        layer_programs._aoti_compile(object(), tmp_path / "p.pt2")
+
+
+def test_the_key_holds_the_weights_shapes_and_the_compile_threads():
+    from fuelpipe.plan.layer_programs import compile_threads, program_fields
+
+    segment = _cut("llama").segments[0]
+    fields = program_fields(segment)
+    assert fields["threads"] == compile_threads()
+    assert fields["weights"] == repr([(tuple(t.shape), str(t.dtype)) for t in segment.state])

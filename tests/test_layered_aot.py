@@ -104,8 +104,8 @@ def test_misbound_layer_weights_are_caught_by_the_reference(store, threads):
     assert (got - want).abs().max().item() > 1e-3
 
 
-def _cut(family: str):
-    model = build_random_model(family, "tiny", seed=0)
+def _cut(family: str, model=None):
+    model = model if model is not None else build_random_model(family, "tiny", seed=0)
     ctx = InferenceContext(model, "fx")
     cache = ctx.new_cache(16)
     ctx.prefill(cache, PROMPT)
@@ -178,6 +178,12 @@ def test_the_shipped_default_is_aot_with_the_user_plan_cache(compose_cfg):
     assert cfg.model.family == "llama"
 
 
+def _build_error(what: str):
+    from torch._inductor.exc import CppCompileError, InductorError
+
+    return InductorError(CppCompileError(["g++"], what), None)  # as inductor raises it
+
+
 def test_a_failed_build_for_the_cpus_vector_flags_is_retried_with_inductors_probe(monkeypatch, tmp_path, caplog):
     """The compile trusts the CPU's flags (no probe); a compiler that cannot build for them gets one more
     build with inductor's own probe, and the thread count the compile ran at is given back."""
@@ -191,7 +197,7 @@ def test_a_failed_build_for_the_cpus_vector_flags_is_retried_with_inductors_prob
     def fake_compile(exported, package_path, inductor_configs):
         calls.append((dict(inductor_configs), torch.get_num_threads()))
         if len(calls) == 1:
-            raise RuntimeError("g++: error: unrecognized command-line option '-mavx512vnni'")
+            raise _build_error("g++: error: unrecognized command-line option '-mavx512vnni'")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake_compile)
     cleared = []
@@ -203,30 +209,58 @@ def test_a_failed_build_for_the_cpus_vector_flags_is_retried_with_inductors_prob
         after = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-    assert [c.get("cpp.vec_isa_ok") for c, _ in calls] == [True, None]
+    assert [c.get("cpp.vec_isa_ok", "unset") for c, _ in calls] == [True, None]  # None: inductor probes
     assert all(n == layer_programs.compile_threads() for _, n in calls)  # compiled for the cores
     assert after == 1  # the caller's count is given back
-    assert cleared  # the ISA list made under the trust is dropped
+    assert len(cleared) == 2  # the ISA list made under the trust is dropped, before the retry and after it
     assert "retrying with inductor's ISA probe" in caplog.text
 
 
-def test_a_build_that_fails_with_the_probe_too_is_raised(monkeypatch, tmp_path):
+@pytest.mark.parametrize("first, second, retried", [
+    (RuntimeError("a lowering error"), None, False),  # not a build error: raised at once, no second compile
+    ("build", RuntimeError("no compiler"), True),  # the retry's own error is raised
+])
+def test_only_a_build_error_is_retried_and_a_second_failure_is_raised(monkeypatch, tmp_path, first, second, retried):
     import torch._inductor
 
     from fuelpipe.plan import layer_programs
 
-    def always_fails(exported, package_path, inductor_configs):
-        raise RuntimeError("no compiler")
+    calls = []
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", always_fails)
-    with pytest.raises(RuntimeError, match="no compiler"):
+    def fails(exported, package_path, inductor_configs):
+        calls.append(1)
+        err = (_build_error("bad flag") if first == "build" else first) if len(calls) == 1 else second
+        raise err
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fails)
+    with pytest.raises(RuntimeError, match="no compiler" if retried else "a lowering error"):
         layer_programs._aoti_compile(object(), tmp_path / "p.pt2")
+    assert len(calls) == (2 if retried else 1)
 
 
-def test_the_key_holds_the_weights_shapes_and_the_compile_threads():
-    from fuelpipe.plan.layer_programs import compile_threads, program_fields
+def test_a_signature_holds_each_weights_exact_shape():
+    """The weights' sizes are compiled in: layers share a program only where every weight has the same
+    shape and strides, whatever the code (a width a layer's code does not spell is still told apart)."""
+    from fuelpipe.plan.layer_segments import input_class, weight_class
 
-    segment = _cut("llama").segments[0]
-    fields = program_fields(segment)
-    assert fields["threads"] == compile_threads()
-    assert fields["weights"] == repr([(tuple(t.shape), str(t.dtype)) for t in segment.state])
+    for segment in _cut("deepseek_v2").segments:
+        assert segment.state and all(repr(weight_class(t)) in segment.signature for t in segment.state)
+        assert all(str(tuple(t.shape)) in repr(weight_class(t)) for t in segment.state)
+    assert weight_class(torch.zeros(4, 8)) != weight_class(torch.zeros(4, 9))
+    assert input_class(torch.zeros(4, 8)) == input_class(torch.zeros(4, 9))  # inputs: sizes are symbols
+
+
+def test_a_call_at_more_threads_than_the_program_was_built_for_runs_at_its_count():
+    from fuelpipe.plan.layer_programs import LayerCall
+
+    seen = []
+    call = LayerCall(lambda flat: seen.append(torch.get_num_threads()) or flat, [torch.zeros(2)])
+    call.most_threads = 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        call(torch.ones(2))
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1] and after == 2

@@ -63,7 +63,6 @@ def program_fields(segment: Segment) -> dict:
     from fuelpipe.plan.plan_cache_key import machine_digest
 
     return {"format": FORMAT, "segment": segment.digest, "options": repr(sorted(COMPILE_OPTIONS.items())),
-            "weights": repr([(tuple(t.shape), str(t.dtype)) for t in segment.state]),
             "threads": compile_threads(), "torch_version": torch.__version__, "machine": machine_digest(),
             "fuelpipe_version": fuelpipe.__version__, "code": _code_digest()}
 
@@ -94,9 +93,11 @@ class _Lifted(nn.Module):
 
 
 def compile_threads() -> int:
-    """The thread count a program is compiled for: the machine's cores (or more, where the caller asked for
-    more). At the cores' count inductor leaves the count of a thread team to the call."""
-    return max(os.cpu_count() or 1, torch.get_num_threads())
+    """The thread count a program is compiled for: the machine's cores, as ``os.cpu_count()`` counts them
+    (inductor's test). At that count inductor leaves a thread team's size to the call, but sizes a
+    parallel reduction's per-thread scratch for it: a call at more threads is run at this many
+    (``LayerCall``)."""
+    return os.cpu_count() or 1
 
 
 def compile_segment(segment: Segment, example_inputs: list[torch.Tensor], out: Path) -> list[list[int]]:
@@ -132,16 +133,31 @@ def _aoti_compile(exported, out: Path) -> None:
         try:
             torch._inductor.aoti_compile_and_package(exported, package_path=str(out),
                                                      inductor_configs=dict(COMPILE_OPTIONS))
-        except Exception as err:  # noqa: BLE001 - retried once with the probe, then raised as it is
-            log.warning("layer program: the build for the CPU's vector ISAs failed (%s: %s); "
-                        "retrying with inductor's ISA probe", type(err).__name__, str(err)[:200])
+        except Exception as err:  # noqa: BLE001 - a build error is retried once, anything else raised as it is
+            if not _a_build_error(err):
+                raise
+            log.warning("layer program: the build for the CPU's vector ISAs failed (%s); retrying with "
+                        "inductor's ISA probe", str(err)[:300])
             cpu_vec_isa.valid_vec_isa_list.cache_clear()
-            options = {k: v for k, v in COMPILE_OPTIONS.items() if k != "cpp.vec_isa_ok"}
+            options = dict(COMPILE_OPTIONS, **{"cpp.vec_isa_ok": None})  # None: probe, even under the env var
             torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=options)
         finally:
             cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the list made under the patch is not inductor's
     finally:
         torch.set_num_threads(before)
+
+
+def _a_build_error(err: BaseException) -> bool:
+    """Whether ``err`` is, or wraps (inductor's ``InductorError``, a cause), a failed C++ build."""
+    from torch._inductor.exc import CppCompileError
+
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, CppCompileError):
+            return True
+        err = getattr(err, "inner_exception", None) or err.__cause__
+        seen += 1
+    return False
 
 
 def fits(static: list[list[int]], inputs: list[torch.Tensor]) -> Optional[str]:
@@ -190,9 +206,17 @@ class LayerCall(nn.Module):
         self.weights = list(state)  # held (not registered): the model's tensors, by reference
         if misbind:  # negative control only: each weight given the next same-shape weight of the layer
             self.weights = _rotated_same_shape(self.weights)
+        self.most_threads = compile_threads()
 
     def forward(self, *inputs):
-        return self.program([*inputs, *self.weights])
+        threads = torch.get_num_threads()
+        if threads <= self.most_threads:
+            return self.program([*inputs, *self.weights])
+        torch.set_num_threads(self.most_threads)  # more would overrun a reduction's per-thread scratch
+        try:
+            return self.program([*inputs, *self.weights])
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _rotated_same_shape(ws: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ into:
 
 ``cut`` refuses (``NotSegmentable``, with the reason) any graph it cannot cut faithfully: a value that
 is not a tensor crossing a cut, or a node reading a later layer's value. The caller then compiles the
-whole graph. ``assemble`` rebuilds the step as fx code calling one module per layer.
+whole graph. ``assemble`` rebuilds the step as fx code calling one program per layer.
 """
 from __future__ import annotations
 
@@ -169,20 +169,25 @@ def _segment(gm: fx.GraphModule, layer: int, nodes: list[fx.Node], tags: dict, v
     module, state_names, described = _canonical_module(gm, nodes, inputs, outputs, values)
     named = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
     state = [named[name] for name in state_names]
-    metas = [input_class(t) for t in [values[i] for i in inputs] + state]
+    metas = [input_class(values[i]) for i in inputs] + [weight_class(t) for t in state]
     signature = "\n".join([module.code, *described, *map(repr, metas), f"outputs {len(outputs)}"])
     return Segment(layer, nodes, inputs, outputs, module, [t.detach() for t in state], state_names, signature)
 
 
 def input_class(t: torch.Tensor) -> tuple:
-    """What a program compiled for a contiguous argument ``t`` (an input or a weight) depends on: its dtype,
-    device, rank and which dims are 1. Its other sizes (the KV capacity, a batch bucket, a width) are
-    compiled as symbols
+    """What a program compiled for a contiguous input ``t`` depends on: its dtype, device, rank and which
+    dims are 1. Its other sizes (the KV capacity, a batch bucket) are compiled as symbols
     (``fuelpipe.plan.layer_programs``), so one program serves them all; any the code fixes are checked
     before a program is used. A strided view is keyed, and compiled, at its exact sizes and strides."""
     if t.is_contiguous():
         return ("contiguous", str(t.dtype), str(t.device), tuple(1 if d == 1 else "n" for d in t.shape))
     return ("strided",) + _meta(t)
+
+
+def weight_class(t: torch.Tensor) -> tuple:
+    """A weight's exact shape and strides: programs are compiled with the weights' sizes fixed, so layers of
+    the same code but other widths are other signatures (other programs)."""
+    return ("weight",) + _meta(t)
 
 
 def _meta(t: torch.Tensor) -> tuple:

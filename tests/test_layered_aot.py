@@ -104,8 +104,8 @@ def test_misbound_layer_weights_are_caught_by_the_reference(store, threads):
     assert (got - want).abs().max().item() > 1e-3
 
 
-def _cut(family: str, model=None):
-    model = model if model is not None else build_random_model(family, "tiny", seed=0)
+def _cut(family: str):
+    model = build_random_model(family, "tiny", seed=0)
     ctx = InferenceContext(model, "fx")
     cache = ctx.new_cache(16)
     ctx.prefill(cache, PROMPT)

@@ -194,25 +194,16 @@ def _switching_vs_fixed(family: str, backend: str):
     return fixed, adapted
 
 
-@pytest.mark.parametrize("family", ["llama", "phi", "qwen3", "gemma3", "deepseek_v2"])
-def test_switching_threads_every_step_changes_no_bit_on_an_invariant_backend(family):
-    """What makes adapting safe: on fx (the default) a decode step computes the same bits at any count."""
+@pytest.mark.parametrize("family, backend", [(f, "fx") for f in ("llama", "phi", "qwen3", "gemma3", "deepseek_v2")]
+                         + [("llama", "aot")])
+def test_switching_threads_every_step_changes_no_bit_on_an_invariant_backend(family, backend):
+    """What makes adapting safe: on fx and aot (the default: compiled layer programs) a decode step computes
+    the same bits at any count. On the tiny model no reduction is big enough for inductor to split across
+    threads; the sizes such a split would need are not exercised here."""
     from fuelpipe.plan.backends import BACKENDS
 
-    assert BACKENDS.get("fx").thread_invariant
-    fixed, adapted = _switching_vs_fixed(family, "fx")
-    assert adapted.tokens == fixed.tokens
-    assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
-
-
-def test_switching_threads_every_step_changes_no_bit_on_the_default_aot_layer_programs():
-    """aot is flagged thread-invariant: a count changed between steps must leave every bit of its logits
-    as they were (on the tiny model no reduction is big enough for inductor to split across threads;
-    the sizes a reduction's split would need are not exercised here)."""
-    from fuelpipe.plan.backends import BACKENDS
-
-    assert BACKENDS.get("aot").thread_invariant
-    fixed, adapted = _switching_vs_fixed("llama", "aot")
+    assert BACKENDS.get(backend).thread_invariant
+    fixed, adapted = _switching_vs_fixed(family, backend)
     assert adapted.tokens == fixed.tokens
     assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
 

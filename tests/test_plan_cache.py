@@ -199,6 +199,21 @@ def test_a_symbol_path_variant_is_built_uncached_and_says_so(tmp_path):
     assert tensor.cache_event.status == "" and tensor.counter is None  # keyed, loaded or compiled on first call
 
 
+def test_an_aot_symbol_path_variant_runs_on_the_traced_step_without_a_compile(tmp_path):
+    """aot never serves the symbol path: an oracle's variant there is the fx trace (no compile), and says so."""
+    from fuelpipe.plan.backends import BackendSpec, build_program
+    from fuelpipe.plan.plan_store import PlanCacheSpec
+    from fuelpipe.step import step_module_for
+    from models.registry import build_random_model
+
+    spec = BackendSpec(name="aot", plan_cache=PlanCacheSpec(dir=str(tmp_path)))
+    model = build_random_model("llama", "tiny", seed=0)
+    symbol = build_program(spec, step_module_for(model, "symbol"), "symbol")
+    assert symbol.backend == "fx" and symbol.counter is None and not symbol.compiles_on_first_call
+    assert symbol.cache_event.status == "uncacheable" and "fx" in symbol.cache_event.detail
+    assert list(tmp_path.iterdir()) == []  # nothing stored
+
+
 @pytest.mark.parametrize("value, says", [
     ("''", "empty string"),
     ("{file}/sub", "is a file, not a folder"),

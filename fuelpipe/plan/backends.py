@@ -222,12 +222,16 @@ def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgra
 
     With ``backend.plan_cache.dir`` the package is the stored one (weights inside, keyed by their digest),
     exactly as ``backend=inductor`` stores it. A step kind passing host integers (the ``symbol`` offset
-    path) cannot be compiled ahead of time: the config refuses it, and an oracle's own symbol-path
-    variant compiles with torch.compile instead, its build saying so (cache event ``uncacheable``)."""
-    from fuelpipe.plan.aot_program import AotStep, cacheable
+    path) cannot be compiled ahead of time: the config refuses it for a run, and an oracle's own
+    symbol-path variant runs on the traced fx step instead (the graph a compile would start from, at no
+    compile cost for a path this backend never serves), its build saying so (cache event ``uncacheable``)."""
+    from fuelpipe.plan.aot_program import AotStep, PlanCacheEvent, cacheable
 
     if not cacheable(step_kind):
-        return _build_inductor_cached(spec, step, step_kind)  # backend "inductor", event "uncacheable"
+        program = _build_fx(spec, step, step_kind)
+        program.cache_event = PlanCacheEvent(
+            "uncacheable", f"step kind {step_kind!r} passes host integers: run on the traced fx step, not compiled")
+        return program
     fn = AotStep(step, functools.partial(trace_step, rows=spec.rows), tuple(spec.fx_passes),
                  misbind=spec.misbind_constants, store_dir=spec.plan_cache.dir,
                  max_bytes=spec.plan_cache.max_bytes, seed_dir=spec.plan_cache.seed)

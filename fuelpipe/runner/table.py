@@ -16,7 +16,7 @@ def plan_cache_said(event: Optional[dict]) -> str:
     if status == "private":
         return f"; plan compiled in {compile_s:.1f} s, not kept (backend.plan_cache.dir=null)"
     if status == "uncacheable":
-        return f"; plan compiled with torch.compile, not kept ({event.get('detail', '')})"
+        return f"; plan not kept ({event.get('detail', '')})"
     return f"; plan compiled in {compile_s:.1f} s and kept in the plan cache ({status})"
 
 

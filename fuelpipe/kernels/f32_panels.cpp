@@ -11,7 +11,8 @@
 // one sequential chain over k. No path reassociates it, so the result does not depend on M (a
 // batch row equals the same row decoded alone, bit for bit), on which rows share a tile, or on the
 // thread count (threads split panels, never a sum).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

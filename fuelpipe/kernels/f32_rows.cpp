@@ -13,7 +13,9 @@
 //
 // Loop order: a thread takes a run of output rows; for each tile of R weight rows (R x K floats, in L1)
 // it passes every tile of MR rows of x, so each weight byte comes from memory once per call whatever M is.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -19,7 +19,8 @@
 //
 // Each output row is one thread's sequential dot product, so the result does not depend on the
 // thread count: a held plan and a fresh build give bit-identical logits.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <c10/util/BFloat16.h>

@@ -15,7 +15,8 @@
 // attendable keys j, p_j = exp(s_j - max s), out = sum_j p_j v_j / sum_j p_j. A row's result reads
 // only its own slot, query and mask row, so it does not depend on the other rows of the step or on
 // the thread count (threads split (row, KV head) pairs, never a sum).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -185,7 +185,7 @@ def test_ctrl_c_in_each_phase_stops_within_the_bound_marked_interrupted(tmp_path
 
 
 def test_ctrl_c_in_a_kernel_build_leaves_no_half_built_library(tmp_path):
-    """The C++ kernels' first build (about a minute) stops at once; the next run builds them again."""
+    """The C++ kernels' first build (about 15 s) stops at once; the next run builds them again."""
     cache = tmp_path / "kernels"
     cli = Cli("model=llama_tiny", "backend=fx", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
               env=dict(os.environ, FUELPIPE_KERNEL_CACHE=str(cache)))
@@ -194,3 +194,27 @@ def test_ctrl_c_in_a_kernel_build_leaves_no_half_built_library(tmp_path):
     check_clean_stop(cli, cli.ctrl_c())
     assert read_results(tmp_path / "run" / "results.json")["status"] == "interrupted"
     assert list(cache.rglob("*.so")) == [] and list(cache.rglob("lock")) == []  # nothing to load, no stale lock
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_oracle_workers_compile_stops_them_too(tmp_path):
+    """config_variants on aot compiles in worker processes: Ctrl-C stops the run and leaves none behind."""
+    from fuelpipe.oracles.registry import ORACLES
+
+    others = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES.names() if n != "config_variants"]
+    env = dict(os.environ, FUELPIPE_CACHE_DIR=str(tmp_path / "plans"))
+    cli = Cli("model=llama_tiny", "backend=aot", "experiment.bench.enabled=false", *others,
+              f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    cli.wait_for("phase: oracle config_variants")
+    time.sleep(8.0)  # the workers are compiling
+
+    def workers() -> list[str]:
+        found = subprocess.run(["pgrep", "-g", str(cli.proc.pid), "-f", "multiprocessing.spawn"],
+                               capture_output=True, text=True)
+        return found.stdout.split()
+
+    assert workers(), "expected the oracle's worker processes to be running"
+    check_clean_stop(cli, cli.ctrl_c())
+    assert read_results(tmp_path / "run" / "results.json")["status"] == "interrupted"
+    time.sleep(1.0)
+    assert workers() == []

@@ -135,3 +135,21 @@ def test_a_config_naming_the_faulty_pass_is_refused(compose_cfg):
 
     cfg = compose_cfg(["backend.fx_passes=[fuse_sibling_linears,split_linears_across_threads_interleaved]"])
     assert any("split_linears_across_threads_interleaved is a deliberately wrong pass" in r for r in validate(cfg))
+
+
+@pytest.mark.slow
+def test_on_aot_every_form_compiles_its_odd_widths_and_the_control_is_caught(compose_cfg):
+    """On a compiling backend the odd widths compile in each linear form (worker processes on several
+    cores) and the even split widths run traced; both halves catch the interleaved-split fault."""
+    cfg = compose_cfg(["model=llama_tiny", "backend=aot", "experiment.new_tokens=4"])
+    result = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
+    assert result.passed, result.detail
+    forms = len(config_variants.pass_sets(assemble(cfg).setup.backend.fx_passes, on_cpu=True))
+    assert result.metric["variants"] == 2 * forms and result.metric["compiled"] == forms
+    assert result.detail.count("on aot;") == forms and result.detail.count("on fx;") == forms
+    assert result.builds >= forms  # the workers' builds are counted here
+    control_cfg = compose_cfg(["model=llama_tiny", "backend=aot", "experiment.new_tokens=4",
+                               "experiment.oracles.config_variants.inject_fault=true"])
+    control = run_one(control_cfg, assemble(control_cfg), ORACLES["config_variants"])
+    assert not control.passed and not control.detail.startswith("raised"), control.detail
+    assert "odd widths" in control.detail and "split [" in control.detail.split("|")[0], control.detail

@@ -37,7 +37,9 @@ from typing import Iterator
 import torch
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled, forced_logits, greedy_run
+from fuelpipe.faults import Fault
+from fuelpipe.oracles.base import OracleInput, OracleResult, Setup, compare, compare_scaled, forced_logits, greedy_run
+from fuelpipe.oracles.worker_pool import run_checks, worker_count
 from fuelpipe.plan.fx_passes import MEASURED_FORM_PASSES, passes_under
 from fuelpipe.random_init import randomize
 from models.registry import build_config, family
@@ -53,6 +55,12 @@ GEOMETRY = (
     "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
     "layer_types", "max_window_layers", "sliding_window", "sliding_window_pattern",
 )
+COMPILING_BACKENDS = ("inductor", "aot")
+# With one check per linear form on a compiling backend (eight compiles, ~10 s each on 2 cores), the even
+# ``split`` widths run on the traced fx step (the same passes and kernels, no compile): what a compile adds
+# that depends on the widths is the generated code's tails, which the ``odd widths`` variant (compiled, in
+# every form) reaches; even widths through the compiled program are the run's own model's path (vs_reference).
+TRACED_ON_COMPILING = ("split",)
 LAYERS = 2  # every variant's depth: what they test is per layer, and each layer costs trace time
 BIASES = ("attention_bias", "mlp_bias")
 VARIANTS = {
@@ -88,18 +96,39 @@ def _rewritten(ctx, form_pass: str) -> int:
     return sum(n for name, n in applied.items() if name.startswith(form_pass))
 
 
-def _check(inp: OracleInput, setup, config, seed: int, device, dtype, form_pass: str = SPLIT_PASS) -> dict:
-    model = randomize(family(inp.model.family).model_cls(config, device=device, dtype=dtype), seed=seed)
-    prompt = [t % config.vocab_size for t in inp.prompts[0]]
-    replan = setup.context(model, plan=PlanMode.REPLAN, fault=inp.fault)
-    tokens, want = greedy_run(replan, setup.kv.new_cache(replan, inp.max_seq_len), prompt, TOKENS)
-    held = setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
-    got = forced_logits(held, setup.kv.new_cache(held, inp.max_seq_len), prompt, tokens)
-    _, first_replan = compare(want, got)
-    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=device)
-    ref = list(model.reference_logits(ids)[0, len(prompt) - 1 :])
-    worst, first_ref, _, _ = compare_scaled(ref, got, inp.tolerance)
-    return {"splits": _rewritten(held, SPLIT_PASS), "rewritten": _rewritten(held, form_pass), "replan_step": first_replan, "ref_step": first_ref, "err": worst,
+@dataclasses.dataclass(frozen=True)
+class VariantCheck:
+    """One variant under one pass list: everything its check needs, picklable (it may run in a worker)."""
+
+    family: str
+    config: object
+    seed: int
+    setup: Setup
+    prompt: tuple[int, ...]
+    max_seq_len: int
+    tolerance: float
+    fault: Fault
+    device: str
+    dtype: torch.dtype
+    form_pass: str
+    threads: int
+
+
+def _check(job: VariantCheck) -> dict:
+    config = job.config
+    with _threads(job.threads):
+        model = randomize(family(job.family).model_cls(config, device=job.device, dtype=job.dtype), seed=job.seed)
+        prompt = [t % config.vocab_size for t in job.prompt]
+        replan = job.setup.context(model, plan=PlanMode.REPLAN, fault=job.fault)
+        tokens, want = greedy_run(replan, job.setup.kv.new_cache(replan, job.max_seq_len), prompt, TOKENS)
+        held = job.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=job.fault)
+        got = forced_logits(held, job.setup.kv.new_cache(held, job.max_seq_len), prompt, tokens)
+        _, first_replan = compare(want, got)
+        ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=job.device)
+        ref = list(model.reference_logits(ids)[0, len(prompt) - 1 :])
+        worst, first_ref, _, _ = compare_scaled(ref, got, job.tolerance)
+    return {"splits": _rewritten(held, SPLIT_PASS), "rewritten": _rewritten(held, job.form_pass),
+            "replan_step": first_replan, "ref_step": first_ref, "err": worst,
             "biases": sorted(k for k in BIASES if getattr(config, k, False))}
 
 
@@ -115,17 +144,25 @@ def run(inp: OracleInput) -> OracleResult:
     spec = inp.setup.backend
     on_cpu = p.device.type == "cpu"
     threads = max(2, torch.get_num_threads()) if on_cpu else torch.get_num_threads()
-    results = {}
+    jobs: dict[str, VariantCheck] = {}
+    meta: dict[str, dict] = {}
     splitting = False
-    with _threads(threads):
-        for label, passes in pass_sets(spec.fx_passes, on_cpu).items():
-            splitting |= on_cpu and spec.name != "eager" and SPLIT_PASS in passes
-            setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, passes)))
-            for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
-                key = f"{name} [{label}]" if label else name
-                results[key] = _check(inp, setup, config, seed, p.device, p.dtype, label or SPLIT_PASS)
-                results[key]["variant"], results[key]["split_pass"] = name, SPLIT_PASS in passes
-                results[key]["form"] = label
+    forms = pass_sets(spec.fx_passes, on_cpu)
+    for label, passes in forms.items():
+        splitting |= on_cpu and spec.name != "eager" and SPLIT_PASS in passes
+        setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, passes)))
+        for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
+            key = f"{name} [{label}]" if label else name
+            on = setup
+            if name in TRACED_ON_COMPILING and spec.name in COMPILING_BACKENDS and len(forms) > 1:
+                on = setup.with_changes(backend=dataclasses.replace(setup.backend, name="fx"))
+            jobs[key] = VariantCheck(inp.model.family, config, seed, on, tuple(inp.prompts[0]), inp.max_seq_len,
+                                     inp.tolerance, inp.fault, str(p.device), p.dtype, label or SPLIT_PASS, threads)
+            meta[key] = {"variant": name, "split_pass": SPLIT_PASS in passes, "form": label,
+                         "backend": on.backend.name}
+    # each check compiles its own program on a compiling backend: on several cores, run them side by side
+    workers = worker_count(spec.name in COMPILING_BACKENDS, on_cpu, len(jobs))
+    results = {key: {**r, **meta[key]} for key, r in run_checks(_check, jobs, workers).items()}
     problems = []
     for name, r in results.items():
         if r["replan_step"] is not None:
@@ -140,7 +177,7 @@ def run(inp: OracleInput) -> OracleResult:
         " (nothing splits: " + ("not on CPU" if not on_cpu else f"backend {spec.name} runs no {SPLIT_PASS}") + ")")
     summary = "; ".join(
         f"{name}: intermediate {VARIANTS[r['variant']]['intermediate_size']}, vocab {VARIANTS[r['variant']]['vocab_size']}, "
-        f"{r['splits']} linears split, biases {', '.join(r['biases']) or 'none in this family'}"
+        f"{r['splits']} linears split, biases {', '.join(r['biases']) or 'none in this family'}, on {r['backend']}"
         for name, r in results.items()
     )
     return OracleResult(
@@ -150,6 +187,7 @@ def run(inp: OracleInput) -> OracleResult:
             "variants": len(results),
             "threads": threads,
             "linears_split": sum(r["splits"] for r in results.values()),
+            "compiled": sum(r["backend"] in COMPILING_BACKENDS for r in results.values()),
             "max_abs_error": max(r["err"] for r in results.values()),
             "violations": len(problems),
         },

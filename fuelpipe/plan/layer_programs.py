@@ -36,6 +36,10 @@ COMPILE_OPTIONS = {
     # compiled and loaded per ISA: 7 s on a fresh machine, 1.2 s per process after). A compiler that
     # cannot build for them fails the compile, which is then retried with the probe (``_aoti_compile``).
     "cpp.vec_isa_ok": True,
+    # One C++ file per program, compiled in this process: no pool of compile processes to start (each
+    # imports torch, seconds of CPU per process that compiles, and on 2 cores they take the core the
+    # oracles' other worker compiles on).
+    "compile_threads": 1,
 }
 # Not ``cpp.dynamic_threads``: it gives every loop, however small, its own OpenMP region (7 per SmolLM2
 # layer against 1), 4% of a decode step. Without it inductor picks the loops worth a thread team at

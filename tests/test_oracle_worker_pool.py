@@ -1,0 +1,83 @@
+"""An oracle's independent checks in worker processes: the same answers as in-process, builds counted, and a
+pool that cannot run costs time, never a check."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fuelpipe.oracles import config_variants
+from fuelpipe.oracles.registry import ORACLES
+from fuelpipe.oracles.worker_pool import run_checks, worker_count
+from fuelpipe.plan import build_tally
+from fuelpipe.runner.assemble import assemble
+from fuelpipe.runner.oracles import run_one
+
+
+def _square(n: int) -> dict:
+    return {"n": n, "square": n * n}
+
+
+def test_workers_answer_every_job_in_order():
+    jobs = {f"job {i}": i for i in (3, 1, 2)}
+    assert run_checks(_square, jobs, workers=2) == {f"job {i}": _square(i) for i in (3, 1, 2)}
+    assert list(run_checks(_square, jobs, workers=2)) == ["job 3", "job 1", "job 2"]
+
+
+def test_a_pool_that_cannot_run_falls_back_to_this_process(caplog):
+    def local_check(n: int) -> dict:  # a local function does not pickle: the pool cannot take it
+        return {"n": n + 1}
+
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        got = run_checks(local_check, {"a": 1, "b": 2}, workers=2)
+    assert got == {"a": {"n": 2}, "b": {"n": 3}}
+    assert "running 2 check(s) in this process" in caplog.text
+
+
+def test_a_check_that_raises_in_a_worker_raises_here():
+    with pytest.raises(ZeroDivisionError):
+        run_checks(_one_over, {"ok": 1, "bad": 0}, workers=2)
+
+
+def _one_over(n: int) -> dict:
+    return {"x": 1 / n}
+
+
+def test_worker_count_only_for_compiles_on_a_multicore_cpu(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert worker_count(True, True, 8) == 2
+    assert worker_count(False, True, 8) == 0  # a traced check is milliseconds: no worker start for it
+    assert worker_count(True, False, 8) == 0
+    assert worker_count(True, True, 1) == 0
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert worker_count(True, True, 8) == 0
+
+
+def test_config_variants_in_workers_equals_in_process_and_counts_builds(compose_cfg, monkeypatch):
+    cfg = compose_cfg(["model=llama_tiny", "backend=fx", "experiment.new_tokens=4"])
+    asm = assemble(cfg)
+    here = run_one(cfg, asm, ORACLES["config_variants"])
+    monkeypatch.setattr(config_variants, "worker_count", lambda compiles, on_cpu, jobs: 2)
+    before = build_tally.current()
+    pooled = run_one(cfg, asm, ORACLES["config_variants"])
+    assert pooled.passed and here.passed, (pooled.detail, here.detail)
+    assert pooled.metric == here.metric and pooled.detail == here.detail
+    assert pooled.builds == here.builds > 0  # the workers' builds are counted here
+    assert build_tally.current().since(before).builds == pooled.builds
+
+
+def _unknown_in_a_worker(n: int) -> dict:
+    import multiprocessing
+
+    from fuelpipe.errors import ConfigError
+
+    if multiprocessing.parent_process() is not None:  # as a family registered only in the parent would be
+        raise ConfigError("unknown family 'mine'")
+    return {"n": n}
+
+
+def test_a_name_only_this_process_knows_falls_back_to_this_process(caplog):
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        got = run_checks(_unknown_in_a_worker, {"a": 1, "b": 2}, workers=2)
+    assert got == {"a": {"n": 1}, "b": {"n": 2}}
+    assert "ConfigError" in caplog.text

@@ -66,6 +66,22 @@ def test_config_variants_in_workers_equals_in_process_and_counts_builds(compose_
     assert build_tally.current().since(before).builds == pooled.builds
 
 
+def _cached_build(folder: str) -> dict:
+    from fuelpipe.plan import cache_ledger
+
+    cache_ledger.record(folder, {"status": "miss", "detail": "", "key": "k", "compile_s": 1.0, "load_s": 0.0})
+    return {"ok": True}
+
+
+def test_a_workers_plan_cache_events_reach_the_jobs_summary(tmp_path):
+    from fuelpipe.plan import cache_ledger
+
+    start = cache_ledger.mark()
+    run_checks(_cached_build, {"a": str(tmp_path), "b": str(tmp_path)}, workers=2)
+    summary = cache_ledger.summary_since(start, tmp_path)
+    assert summary["builds"] == 2 and summary["statuses"] == {"miss": 2}
+
+
 def _unknown_in_a_worker(n: int) -> dict:
     import multiprocessing
 

@@ -3,8 +3,9 @@
 An ahead-of-time compile spends most of its seconds in one single-threaded C++ compiler process, so checks
 that each compile their own program (``config_variants``' four on ``backend=aot``) finish in about half the
 wall time on two cores when two run at once. Each worker is a fresh interpreter (``spawn``: no inherited
-OpenMP threads or torch state) that runs whole checks and sends back their plain results and the builds
-they made (counted into this process's tally, so the oracle's ``builds`` stay whole). Starting them
+OpenMP threads or torch state) that runs whole checks and sends back their plain results, the builds
+they made and their plan-cache events (recorded here, so the oracle's ``builds`` and the job's plan-cache
+summary stay whole). Starting them
 earlier, beside the other oracles, was measured: 2 s of 97 on 2 cores, for 20 s more CPU (the cores are
 busy either way), and was not kept.
 
@@ -26,7 +27,7 @@ import signal
 from typing import Callable, Generic, Mapping, Optional, TypeVar
 
 from fuelpipe.errors import ConfigError
-from fuelpipe.plan import build_tally
+from fuelpipe.plan import build_tally, cache_ledger
 
 J = TypeVar("J")
 log = logging.getLogger(__name__)
@@ -48,10 +49,11 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
 
 
-def _run_counted(check: Callable[[J], dict], job: J) -> tuple[dict, build_tally.Tally]:
-    before = build_tally.current()
+def _run_counted(check: Callable[[J], dict], job: J) -> tuple[dict, build_tally.Tally, list]:
+    """In a worker: the check's result, the builds it made and its plan-cache events, for the parent."""
+    before, mark = build_tally.current(), cache_ledger.mark()
     result = check(job)
-    return result, build_tally.current().since(before)
+    return result, build_tally.current().since(before), cache_ledger.events_since(mark)
 
 
 class CheckPool(Generic[J]):
@@ -79,9 +81,11 @@ class CheckPool(Generic[J]):
             if self._pool is not None:
                 try:
                     for future in cf.as_completed(self._futures):
-                        result, spent = future.result()
+                        result, spent, events = future.result()
                         done[self._futures[future]] = result
                         build_tally.add(spent)
+                        for folder, event in events:
+                            cache_ledger.record(folder, event)
                 except POOL_FAILURES as err:
                     self._fallback(err, len(self._jobs) - len(done))
             for name, job in self._jobs.items():

@@ -53,3 +53,10 @@ def summary_since(start: int, store_dir: str | os.PathLike) -> dict[str, Any]:
         "compile_ms": 1000.0 * sum(ev["compile_s"] for ev in events),
         "load_ms": 1000.0 * sum(ev["load_s"] for ev in events),
     }
+
+
+def events_since(start: int) -> list[tuple[str, dict[str, Any]]]:
+    """The (store folder, event) records after ``start``: what a worker process sends back to its parent,
+    which ``record``s them, so a job's summary counts the builds its oracles made in workers too."""
+    with _lock:
+        return [(folder, dict(ev)) for folder, ev in _events[start:]]

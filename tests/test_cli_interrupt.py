@@ -198,7 +198,8 @@ def test_ctrl_c_in_a_kernel_build_leaves_no_half_built_library(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_while_oracle_workers_compile_stops_them_too(tmp_path):
-    """config_variants on aot compiles in worker processes: Ctrl-C stops the run and leaves none behind."""
+    """config_variants on aot compiles in worker processes (each leading its own process group): Ctrl-C
+    stops the run and leaves neither a worker nor anything a worker started (its C++ compilers)."""
     from fuelpipe.oracles.registry import ORACLES
 
     others = [f"experiment.oracles.{n}.enabled=false" for n in ORACLES.names() if n != "config_variants"]
@@ -206,15 +207,16 @@ def test_ctrl_c_while_oracle_workers_compile_stops_them_too(tmp_path):
     cli = Cli("model=llama_tiny", "backend=aot", "experiment.bench.enabled=false", *others,
               f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
     cli.wait_for("phase: oracle config_variants")
-    time.sleep(8.0)  # the workers are compiling
 
-    def workers() -> list[str]:
-        found = subprocess.run(["pgrep", "-g", str(cli.proc.pid), "-f", "multiprocessing.spawn"],
-                               capture_output=True, text=True)
-        return found.stdout.split()
+    def pids(*args: str) -> list[str]:
+        return subprocess.run(["pgrep", *args], capture_output=True, text=True).stdout.split()
 
-    assert workers(), "expected the oracle's worker processes to be running"
+    deadline = time.monotonic() + 60
+    while not (workers := pids("-P", str(cli.proc.pid), "-f", "multiprocessing.spawn")):
+        assert time.monotonic() < deadline, "expected the oracle's worker processes to start"
+        time.sleep(0.2)
+    time.sleep(3.0)  # they are importing torch or compiling
     check_clean_stop(cli, cli.ctrl_c())
     assert read_results(tmp_path / "run" / "results.json")["status"] == "interrupted"
     time.sleep(1.0)
-    assert workers() == []
+    assert [pid for w in workers for pid in pids("-g", w)] == []  # no worker, no compiler of theirs

@@ -70,6 +70,17 @@ def test_eager_runs_the_variants_unsplit_and_says_so(compose_cfg):
     assert "nothing splits: backend eager" in result.detail
 
 
+def test_even_widths_compile_in_the_split_form_only_where_odd_widths_cannot_split():
+    forms = {form: () for form in ("split_linears_across_threads", "pack_linears_into_panels")}
+    traced = config_variants._traced_here
+    assert traced("aot", "split", "pack_linears_into_panels", forms, 2)
+    assert traced("aot", "split", "split_linears_across_threads", forms, 2)  # 8194 splits in two
+    assert not traced("aot", "split", "split_linears_across_threads", forms, 4)  # 8194 does not split in four
+    assert not traced("aot", "odd widths", "pack_linears_into_panels", forms, 4)
+    assert not traced("fx", "split", "pack_linears_into_panels", forms, 2)
+    assert not traced("aot", "split", "pack_linears_into_panels", {"": ()}, 2)  # one pass list: both compile
+
+
 def test_one_thread_run_splits_at_two_and_restores_the_count(compose_cfg):
     cfg = compose_cfg(["model=llama_tiny", "experiment.new_tokens=4"])
     asm = assemble(cfg)
@@ -139,17 +150,24 @@ def test_a_config_naming_the_faulty_pass_is_refused(compose_cfg):
 
 @pytest.mark.slow
 def test_on_aot_every_form_compiles_its_odd_widths_and_the_control_is_caught(compose_cfg):
-    """On a compiling backend the odd widths compile in each linear form (worker processes on several
-    cores) and the even split widths run traced; both halves catch the interleaved-split fault."""
+    """On a compiling backend the odd widths compile in each linear form, the even widths in the thread-split
+    form (worker processes on several cores), the rest traced; the control is caught in every check."""
     cfg = compose_cfg(["model=llama_tiny", "backend=aot", "experiment.new_tokens=4"])
     result = run_one(cfg, assemble(cfg), ORACLES["config_variants"])
     assert result.passed, result.detail
-    forms = len(config_variants.pass_sets(assemble(cfg).setup.backend.fx_passes, on_cpu=True))
-    assert result.metric["variants"] == 2 * forms and result.metric["compiled"] == forms
-    assert result.detail.count("on aot;") == forms and result.detail.count("on fx;") == forms
-    assert result.builds >= forms  # the workers' builds are counted here
+    forms = config_variants.pass_sets(assemble(cfg).setup.backend.fx_passes, on_cpu=True)
+    # at 2 threads the odd widths' fused gate/up (2 x 4097) splits, compiled: the even widths all run traced
+    assert result.metric["threads"] == 2
+    assert result.metric["variants"] == 2 * len(forms) and result.metric["compiled_checks"] == len(forms)
+    assert result.detail.count("on aot;") == len(forms) and result.detail.count("on fx;") == len(forms)
+    odd_split = result.detail.split("odd widths [split_linears_across_threads]: ")[1].split(";")[0]
+    assert "vocab 4099, 0 linears split" not in odd_split and "on aot" in odd_split, odd_split
+    assert result.builds >= len(forms)  # the workers' builds are counted here
     control_cfg = compose_cfg(["model=llama_tiny", "backend=aot", "experiment.new_tokens=4",
                                "experiment.oracles.config_variants.inject_fault=true"])
     control = run_one(control_cfg, assemble(control_cfg), ORACLES["config_variants"])
     assert not control.passed and not control.detail.startswith("raised"), control.detail
-    assert "odd widths" in control.detail and "split [" in control.detail.split("|")[0], control.detail
+    failures = control.detail.split(" | ")[0]
+    for form in forms:
+        for variant in config_variants.VARIANTS:
+            assert f"{variant} [{form}]: max |logits - reference|" in failures, (variant, form, failures)

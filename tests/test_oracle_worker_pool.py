@@ -3,6 +3,7 @@ pool that cannot run costs time, never a check."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -18,10 +19,17 @@ def _square(n: int) -> dict:
     return {"n": n, "square": n * n}
 
 
-def test_workers_answer_every_job_in_order():
+def _square_where(n: int) -> dict:
+    return {**_square(n), "pid": os.getpid()}
+
+
+def test_workers_answer_every_job_in_order_from_other_processes(caplog):
     jobs = {f"job {i}": i for i in (3, 1, 2)}
-    assert run_checks(_square, jobs, workers=2) == {f"job {i}": _square(i) for i in (3, 1, 2)}
-    assert list(run_checks(_square, jobs, workers=2)) == ["job 3", "job 1", "job 2"]
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        got = run_checks(_square_where, jobs, workers=2)
+    assert list(got) == ["job 3", "job 1", "job 2"]
+    assert [{k: v for k, v in r.items() if k != "pid"} for r in got.values()] == [_square(i) for i in (3, 1, 2)]
+    assert all(r["pid"] != os.getpid() for r in got.values()) and caplog.text == ""
 
 
 def test_a_pool_that_cannot_run_falls_back_to_this_process(caplog):
@@ -43,23 +51,26 @@ def _one_over(n: int) -> dict:
     return {"x": 1 / n}
 
 
-def test_worker_count_only_for_compiles_on_a_multicore_cpu(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert worker_count(True, True, 8) == 2
-    assert worker_count(False, True, 8) == 0  # a traced check is milliseconds: no worker start for it
-    assert worker_count(True, False, 8) == 0
-    assert worker_count(True, True, 1) == 0
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
-    assert worker_count(True, True, 8) == 0
+def test_worker_count_one_per_usable_core_and_compiling_check(monkeypatch):
+    monkeypatch.setattr("fuelpipe.oracles.worker_pool.usable_cores", lambda: 2)
+    assert worker_count(8, on_cpu=True) == 2
+    assert worker_count(1, on_cpu=True) == 0  # one compile (the rest traced, milliseconds): no worker start
+    assert worker_count(8, on_cpu=False) == 0
+    monkeypatch.setattr("fuelpipe.oracles.worker_pool.usable_cores", lambda: 16)
+    assert worker_count(5, on_cpu=True) == 5  # never more workers than compiling checks
+    monkeypatch.setattr("fuelpipe.oracles.worker_pool.usable_cores", lambda: 1)
+    assert worker_count(8, on_cpu=True) == 0
 
 
-def test_config_variants_in_workers_equals_in_process_and_counts_builds(compose_cfg, monkeypatch):
+def test_config_variants_in_workers_equals_in_process_and_counts_builds(compose_cfg, monkeypatch, caplog):
     cfg = compose_cfg(["model=llama_tiny", "backend=fx", "experiment.new_tokens=4"])
     asm = assemble(cfg)
     here = run_one(cfg, asm, ORACLES["config_variants"])
-    monkeypatch.setattr(config_variants, "worker_count", lambda compiles, on_cpu, jobs: 2)
+    monkeypatch.setattr(config_variants, "worker_count", lambda compiling_jobs, on_cpu: 2)
     before = build_tally.current()
-    pooled = run_one(cfg, asm, ORACLES["config_variants"])
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        pooled = run_one(cfg, asm, ORACLES["config_variants"])
+    assert caplog.text == ""  # answered by the workers, not by a fallback here
     assert pooled.passed and here.passed, (pooled.detail, here.detail)
     assert pooled.metric == here.metric and pooled.detail == here.detail
     assert pooled.builds == here.builds > 0  # the workers' builds are counted here
@@ -97,3 +108,14 @@ def test_a_name_only_this_process_knows_falls_back_to_this_process(caplog):
         got = run_checks(_unknown_in_a_worker, {"a": 1, "b": 2}, workers=2)
     assert got == {"a": {"n": 1}, "b": {"n": 2}}
     assert "ConfigError" in caplog.text
+
+
+def _type_error_in_a_worker(n: int) -> dict:
+    raise TypeError(f"a bug in the check ({n})")
+
+
+def test_a_checks_own_error_in_a_worker_is_raised_not_retried_here(caplog):
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        with pytest.raises(TypeError, match="a bug in the check"):
+            run_checks(_type_error_in_a_worker, {"a": 1, "b": 2}, workers=2)
+    assert "in this process" not in caplog.text

@@ -29,7 +29,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;  // output columns per panel: two 8-lane vectors
 constexpr int kMaxRows = 6;     // x rows per tile: 12 accumulators + 2 weight vectors + 1 broadcast
-// Software prefetch distance in the one-panel tiles (tile_avx2: 4-6 rows, or a lone tail panel): 2 KiB
+// Software prefetch distance in the one-panel tiles (panel_tile_avx2: 4-6 rows, or a lone tail panel): 2 KiB
 // ahead in the panel stream. Such a tile spends ~6 cycles of FMAs per weight line, too slow a stream
 // for the hardware prefetcher alone (measured on SmolLM2 shapes, AMD EPYC, 2 threads, interleaved:
 // 8 rows 0.85-0.9x the time without it; 1 KiB and 4 KiB within noise of 2). The two-panel tile for
@@ -59,7 +59,7 @@ void tile_scalar(const float* w, const float* x, int64_t K, float* out, int64_t 
 // MR rows of x against one panel. The accumulators are named registers, not an array: GCC keeps an
 // indexed array of vectors on the stack and stores it every iteration (measured 3x slower).
 template <int MR>
-void tile_avx2(const float* w, const float* x, int64_t K, float* out, int64_t N, const float* bias, int64_t ncols) {
+void panel_tile_avx2(const float* w, const float* x, int64_t K, float* out, int64_t N, const float* bias, int64_t ncols) {
   const __m256 w00 = _mm256_loadu_ps(w), w01 = _mm256_loadu_ps(w + 8);
   __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
 #define FP_FIRST(i)                                         \
@@ -143,7 +143,7 @@ void tile2_avx2(const float* w, const float* v, const float* x, int64_t K, float
 template <int MR>
 inline void tile(const float* w, const float* x, int64_t K, float* out, int64_t N, const float* bias, int64_t ncols) {
 #ifdef FUELPIPE_PANELS_AVX2
-  tile_avx2<MR>(w, x, K, out, N, bias, ncols);
+  panel_tile_avx2<MR>(w, x, K, out, N, bias, ncols);
 #else
   tile_scalar<MR>(w, x, K, out, N, bias, ncols);
 #endif

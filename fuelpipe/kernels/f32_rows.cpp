@@ -61,7 +61,7 @@ void dot_scalar(const float* w, const float* x, int64_t K, float* out, const flo
 // R weight rows (any addresses: w[r] is row r) against MR rows of x (stride K): R * MR accumulators (at most
 // 12 of the 16 ymm registers), R + MR loads per R * MR multiply-adds. Output (m, r) goes to out[m * ldo + col[r]].
 template <int R, int MR>
-void tile_avx2(const float* const* w, const float* x, int64_t K, float* out, int64_t ldo, const int64_t* col,
+void rows_tile_avx2(const float* const* w, const float* x, int64_t K, float* out, int64_t ldo, const int64_t* col,
                const float* bias) {
   static_assert(R * MR <= 12, "accumulators must fit the register file");
   const int64_t k8 = K / kLanes * kLanes;
@@ -105,9 +105,9 @@ void rows_against_x(const float* const* w, const float* x, int64_t M, int64_t K,
                     const int64_t* col, const float* bias) {
 #ifdef FUELPIPE_ROWS_AVX2
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) tile_avx2<R, MR>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
-  if (M - m == 2) tile_avx2<R, 2>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
-  else if (M - m == 1) tile_avx2<R, 1>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+  for (; m + MR <= M; m += MR) rows_tile_avx2<R, MR>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+  if (M - m == 2) rows_tile_avx2<R, 2>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+  else if (M - m == 1) rows_tile_avx2<R, 1>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
 #else
   for (int r = 0; r < R; ++r)
     for (int64_t m = 0; m < M; ++m)

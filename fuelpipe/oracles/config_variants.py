@@ -14,9 +14,10 @@ on, and widens the MLP and vocabulary so those matrices reach the split size:
 * ``odd widths``: intermediate 4097, vocab 4099 (a prime: the head must not
   split at any thread count; gate/up are big but odd one by one).
 
-Each variant runs on the run's backend, KV layout and offset path at the
-run's own thread count (at least 2 on CPU: one part splits nothing), and is
-checked twice: plan_once against replan bit-exactly, and against the
+Each variant runs on the run's backend (but see ``_traced_here``: on a
+compiling backend the even widths compile only in the thread-split form),
+KV layout and offset path at the run's own thread count (at least 2 on CPU:
+one part splits nothing), and is checked twice: plan_once against replan bit-exactly, and against the
 variant's ``reference_logits`` within the tolerance (as ``vs_reference``).
 On CPU with the split pass enabled, the ``split`` variant must have split.
 
@@ -27,6 +28,9 @@ panel kernel), each in place of the measured pass. The negative control swaps
 in the forms that assemble their outputs in the wrong order
 (SPLIT_PARTS_INTERLEAVED: interleaved split parts, reversed panel columns),
 which no tiny model can expose.
+
+On a compiling backend on a multi-core CPU the checks run in worker
+processes, side by side (``fuelpipe.oracles.worker_pool``).
 """
 from __future__ import annotations
 
@@ -56,11 +60,6 @@ GEOMETRY = (
     "layer_types", "max_window_layers", "sliding_window", "sliding_window_pattern",
 )
 COMPILING_BACKENDS = ("inductor", "aot")
-# With one check per linear form on a compiling backend (eight compiles, ~10 s each on 2 cores), the even
-# ``split`` widths run on the traced fx step (the same passes and kernels, no compile): what a compile adds
-# that depends on the widths is the generated code's tails, which the ``odd widths`` variant (compiled, in
-# every form) reaches; even widths through the compiled program are the run's own model's path (vs_reference).
-TRACED_ON_COMPILING = ("split",)
 LAYERS = 2  # every variant's depth: what they test is per layer, and each layer costs trace time
 BIASES = ("attention_bias", "mlp_bias")
 VARIANTS = {
@@ -132,6 +131,20 @@ def _check(job: VariantCheck) -> dict:
             "biases": sorted(k for k in BIASES if getattr(config, k, False))}
 
 
+def _traced_here(backend: str, variant: str, form: str, forms: dict, threads: int) -> bool:
+    """Whether this check runs on the traced fx step although the run's backend compiles.
+
+    With one check per linear form on a compiling backend (eight compiles, ~10 s each on 2 cores), the
+    ``odd widths`` compile in every form: the widths a compile depends on are the generated loops' tails,
+    which odd widths reach. The even ``split`` widths run traced (the same passes and kernels, no compile),
+    except in the thread-split form when the threads do not divide the odd widths' fused gate/up
+    (2 x 4097): then only the even widths reach a compiled split of it (and of the head)."""
+    if backend not in COMPILING_BACKENDS or len(forms) < 2 or variant != "split":
+        return False
+    odd_gate_up = 2 * VARIANTS["odd widths"]["intermediate_size"]
+    return form != SPLIT_PASS or odd_gate_up % threads == 0
+
+
 def pass_sets(passes: tuple[str, ...], on_cpu: bool) -> dict[str, tuple[str, ...]]:
     """label -> the pass list to run the variants with: each explicit form in place of the measured pass."""
     if not on_cpu or not any(p in passes for p in MEASURED_PASSES):
@@ -153,15 +166,13 @@ def run(inp: OracleInput) -> OracleResult:
         setup = inp.setup.with_changes(backend=dataclasses.replace(spec, fx_passes=passes_under(inp.fault, passes)))
         for seed, (name, config) in enumerate(variant_configs(inp.model).items()):
             key = f"{name} [{label}]" if label else name
-            on = setup
-            if name in TRACED_ON_COMPILING and spec.name in COMPILING_BACKENDS and len(forms) > 1:
-                on = setup.with_changes(backend=dataclasses.replace(setup.backend, name="fx"))
+            on = setup.with_backend("fx") if _traced_here(spec.name, name, label, forms, threads) else setup
             jobs[key] = VariantCheck(inp.model.family, config, seed, on, tuple(inp.prompts[0]), inp.max_seq_len,
                                      inp.tolerance, inp.fault, str(p.device), p.dtype, label or SPLIT_PASS, threads)
             meta[key] = {"variant": name, "split_pass": SPLIT_PASS in passes, "form": label,
                          "backend": on.backend.name}
-    # each check compiles its own program on a compiling backend: on several cores, run them side by side
-    workers = worker_count(spec.name in COMPILING_BACKENDS, on_cpu, len(jobs))
+    # each compiling check builds its own program: on several cores, run the checks side by side
+    workers = worker_count(sum(j.setup.backend.name in COMPILING_BACKENDS for j in jobs.values()), on_cpu)
     results = {key: {**r, **meta[key]} for key, r in run_checks(_check, jobs, workers).items()}
     problems = []
     for name, r in results.items():
@@ -187,7 +198,7 @@ def run(inp: OracleInput) -> OracleResult:
             "variants": len(results),
             "threads": threads,
             "linears_split": sum(r["splits"] for r in results.values()),
-            "compiled": sum(r["backend"] in COMPILING_BACKENDS for r in results.values()),
+            "compiled_checks": sum(r["backend"] in COMPILING_BACKENDS for r in results.values()),
             "max_abs_error": max(r["err"] for r in results.values()),
             "violations": len(problems),
         },

@@ -14,7 +14,8 @@ Per-token data stays data: the package takes the same arguments as the fx step
 writes the KV tensors it is given in place. Step kinds that pass host integers
 (the ``symbol`` offset paths) are not stored, since an integer argument would be
 compiled as a constant: the config refuses them with a plan cache, and an oracle's
-own symbol-path variant is built by torch.compile, uncached (see ``cacheable``).
+own symbol-path variant is built uncached: by torch.compile on ``backend=inductor``,
+as the traced fx step on ``backend=aot`` (see ``cacheable``).
 
 ``backend=aot`` (``AotStep``) compiles the same package in-process without the weights
 and binds it to the very tensors the traced graph holds (the model's parameters and the
@@ -74,8 +75,8 @@ def cacheable(step_kind: str) -> bool:
 
     The ``symbol`` kinds pass host integers, which a stored plan would bake as constants. The
     config refuses a plan cache on that path up front; a variant an oracle builds there on its
-    own (a cached run's symbol-path comparison) compiles with torch.compile, uncached, and its
-    build says so (``PlanCacheEvent.status == "uncacheable"``).
+    own (a cached run's symbol-path comparison) is built uncached (torch.compile on inductor, the
+    traced fx step on aot), and its build says so (``PlanCacheEvent.status == "uncacheable"``).
     """
     return step_kind not in SYMBOLIC_KINDS
 

@@ -208,7 +208,8 @@ def _build_inductor_cached(spec: BackendSpec, step: nn.Module, step_kind: str) -
 
     if not cacheable(step_kind):
         program = _build_inductor(dataclasses.replace(spec, plan_cache=PlanCacheSpec()), step, step_kind)
-        program.cache_event = PlanCacheEvent("uncacheable", f"step kind {step_kind!r} passes host integers")
+        program.cache_event = PlanCacheEvent(
+            "uncacheable", f"step kind {step_kind!r} passes host integers: compiled with torch.compile, not stored")
         return program
     fn = CachedAotStep(spec.plan_cache, step, step_kind, functools.partial(trace_step, rows=spec.rows),
                        tuple(spec.fx_passes))

@@ -36,11 +36,11 @@ COMPILE_OPTIONS = {
     # compiled and loaded per ISA: 7 s on a fresh machine, 1.2 s per process after). A compiler that
     # cannot build for them fails the compile, which is then retried with the probe (``_aoti_compile``).
     "cpp.vec_isa_ok": True,
-    # One C++ file per program, compiled in this process: no pool of compile processes to start (each
-    # imports torch, seconds of CPU per process that compiles, and on 2 cores they take the core the
-    # oracles' other worker compiles on).
-    "compile_threads": 1,
 }
+# How inductor works while compiling, which changes nothing in the program (so not in the key): one C++
+# file per program, compiled in this process, with no pool of compile processes to start (each imports
+# torch: seconds of CPU per compiling process, taken from the oracles' other workers on 2 cores).
+BUILD_OPTIONS = {"compile_threads": 1}
 # Not ``cpp.dynamic_threads``: it gives every loop, however small, its own OpenMP region (7 per SmolLM2
 # layer against 1), 4% of a decode step. Without it inductor picks the loops worth a thread team at
 # compile time, for ``compile_threads()`` threads, and those regions take the count of the call (so a
@@ -136,14 +136,14 @@ def _aoti_compile(exported, out: Path) -> None:
     try:
         try:
             torch._inductor.aoti_compile_and_package(exported, package_path=str(out),
-                                                     inductor_configs=dict(COMPILE_OPTIONS))
+                                                     inductor_configs=dict(COMPILE_OPTIONS, **BUILD_OPTIONS))
         except Exception as err:  # noqa: BLE001 - a build error is retried once, anything else raised as it is
             if not _a_build_error(err):
                 raise
             log.warning("layer program: the build for the CPU's vector ISAs failed (%s); retrying with "
                         "inductor's ISA probe", str(err)[:300])
             cpu_vec_isa.valid_vec_isa_list.cache_clear()
-            options = dict(COMPILE_OPTIONS, **{"cpp.vec_isa_ok": None})  # None: probe, even under the env var
+            options = dict(COMPILE_OPTIONS, **BUILD_OPTIONS, **{"cpp.vec_isa_ok": None})  # None: probe, even under the env var
             torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=options)
         finally:
             cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the list made under the patch is not inductor's

@@ -14,7 +14,6 @@ waits for it (a job that does not stop within ``STOP_GRACE_S`` is killed, and re
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import signal
@@ -26,12 +25,12 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fuelpipe.child_process import die_with_parent
 from fuelpipe.results import CRASHED, INTERRUPTED, RESULTS_FILE, env_info, read_results, results_doc, write_results
 
 JOB_FILE = ".fuelpipe_job.json"  # the job as its process reads it: resolved config, overrides, choices, output dir
 STOP_GRACE_S = 30.0
 INTERRUPTED_EXIT = 130
-_PR_SET_PDEATHSIG = 1
 
 
 def run_isolated(cfg: DictConfig, output_dir: Path, *, overrides: Sequence[str] = (),
@@ -119,15 +118,9 @@ def _record(status: str, cfg, config: dict, overrides, choices, code: Optional[i
     return doc
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel sends this process SIGKILL when its watcher dies, so no job outlives its sweep."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str]) -> int:
     """The job's own process: run the job of ``argv[0]`` (a JOB_FILE), write and print its results."""
-    _die_with_parent()
+    die_with_parent()  # so no job outlives its sweep
     from fuelpipe.config.schema import schema_class
     from fuelpipe.runner.job import run_job
     from fuelpipe.runner.table import render

@@ -86,6 +86,14 @@ def fitting(options: tuple[int, ...], free: Optional[int]) -> int:
     return fits[-1] if fits else options[0]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, cgroup cpusets), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def free_cores(looks: int = 3) -> Optional[int]:
     """Cores this process may use that other processes' runnable threads do not hold right now
     (the median of ``looks`` looks 10 ms apart); None where ``/proc`` cannot be read."""

@@ -17,8 +17,9 @@ on, and widens the MLP and vocabulary so those matrices reach the split size:
 Each variant runs on the run's backend (but see ``_traced_here``: on a
 compiling backend the even widths compile only in the thread-split form),
 KV layout and offset path at the run's own thread count (at least 2 on CPU:
-one part splits nothing), and is checked twice: plan_once against replan bit-exactly, and against the
-variant's ``reference_logits`` within the tolerance (as ``vs_reference``).
+one part splits nothing), and is checked twice: plan_once against replan
+bit-exactly, and against the variant's ``reference_logits`` within the
+tolerance (as ``vs_reference``).
 On CPU with the split pass enabled, the ``split`` variant must have split.
 
 When the plan chooses its linear forms by measurement (``measured_linears``),
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -105,7 +106,7 @@ class VariantCheck:
     setup: Setup
     prompt: tuple[int, ...]
     max_seq_len: int
-    tolerance: float
+    tolerance: Optional[float]
     fault: Fault
     device: str
     dtype: torch.dtype

@@ -32,18 +32,11 @@ from typing import Callable, Generic, Mapping, Optional, TypeVar
 from fuelpipe.child_process import die_with_parent
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan import build_tally, cache_ledger
+from fuelpipe.threads import usable_cores
 
 J = TypeVar("J")
 log = logging.getLogger(__name__)
 NOT_PICKLABLE = (pickle.PicklingError, AttributeError, TypeError)  # what pickle.dumps raises for a job
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: taskset, cgroup cpusets), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def worker_count(compiling_jobs: int, on_cpu: bool) -> int:

@@ -143,7 +143,8 @@ def _aoti_compile(exported, out: Path) -> None:
             log.warning("layer program: the build for the CPU's vector ISAs failed (%s); retrying with "
                         "inductor's ISA probe", str(err)[:300])
             cpu_vec_isa.valid_vec_isa_list.cache_clear()
-            options = dict(COMPILE_OPTIONS, **BUILD_OPTIONS, **{"cpp.vec_isa_ok": None})  # None: probe, even under the env var
+            # None: inductor probes, even under the env var
+            options = dict(COMPILE_OPTIONS, **BUILD_OPTIONS, **{"cpp.vec_isa_ok": None})
             torch._inductor.aoti_compile_and_package(exported, package_path=str(out), inductor_configs=options)
         finally:
             cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the list made under the patch is not inductor's

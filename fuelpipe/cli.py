@@ -36,6 +36,7 @@ from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE, preflight
 from fuelpipe.config.prompt_source import read_prompt_sources
 from fuelpipe.errors import ConfigError
+from fuelpipe.launch import sigint_pressed
 from fuelpipe.results import (
     CRASHED, ERROR, EXIT_CODES, FAILED, INTERNAL_ERROR_EXIT, INTERRUPTED, RESULTS_FILE, SKIPPED, UNCAUGHT,
     read_results, write_results,
@@ -104,6 +105,8 @@ def run(argv: list[str]) -> int:
     if any(getattr(args, flag, None) for flag in PASSTHROUGH_FLAGS):
         _hydra_main(argv)  # --help, --cfg job, --info ...: Hydra answers, nothing runs
         return 0
+    if sigint_pressed():  # Ctrl-C whose KeyboardInterrupt was swallowed on the way (fuelpipe.launch)
+        raise KeyboardInterrupt
     key = "hydra.sweep.dir" if pre.multirun else "hydra.run.dir"
     out = Path(pre.output_dir)
     try:

@@ -1,6 +1,7 @@
 """How fast does each backend start, cold and warm, and what does it decode at? SmolLM2-135M, 2 threads.
 
     python experiments/fast_start_cpu/run.py            # writes results.json beside this file
+    python experiments/fast_start_cpu/run.py results_intel_amx.json   # or the file named (another CPU kind)
 
 Part 1, the CLI as a user runs it: ``python -m fuelpipe experiment=generate`` (a 32-token greedy reply) for
 fx, inductor, aot (the default) and aot with int8 weights, each twice in fresh processes: **cold** (an
@@ -163,8 +164,9 @@ def main() -> None:
 
     doc = {"cpu": cpu(), "isa": isa, "cores": os.cpu_count(), "torch": torch.__version__, "commit": commit,
            "cli": part1(), "side_by_side": part2(), "llama_cpp": part3(), "load_avg_end": os.getloadavg()}
-    (HERE / "results.json").write_text(json.dumps(doc, indent=1))
-    print(f"wrote {HERE / 'results.json'}")
+    out = HERE / (sys.argv[1] if len(sys.argv) > 1 else "results.json")
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

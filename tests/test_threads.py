@@ -176,10 +176,13 @@ class EveryStepSwitches:
         torch.set_num_threads(caller)
 
 
-def _switching_vs_fixed(family: str, backend: str):
+def _switching_vs_fixed(family: str, backend: str, patch=None):
     from fuelpipe.context import InferenceContext
 
-    ctx = InferenceContext(build_random_model(family, "tiny", seed=3), backend)
+    model = build_random_model(family, "tiny", seed=3)
+    if patch is not None:  # the negative control's planted change
+        patch(model)
+    ctx = InferenceContext(model, backend)
     prompt = [1, 5, 9, 2, 7, 7, 3]
     caller = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -208,21 +211,26 @@ def test_switching_threads_every_step_changes_no_bit_on_an_invariant_backend(fam
     assert all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
 
 
-def test_a_prompt_at_another_count_moves_bits_which_the_comparison_sees():
-    """The negative control: the comparison above sees a last-bit change. torch's prompt matmuls block by
-    thread count, so a prompt run at 1 thread instead of 2 moves the logits (why the docs say a run under
-    a changing load can differ from a quiet one at a near-tie, and ``threads=N`` fixes the count)."""
-    from fuelpipe.context import InferenceContext
+class SumsByThreadCount(torch.nn.Module):
+    """A deliberately thread-variant linear: its reduction is cut into one block per thread and the blocks
+    summed, as a BLAS that blocks by thread count does (on some CPUs torch's own prompt matmuls do; on
+    others, e.g. a Xeon with AMX, they gave the same bits at 1 and 2 threads, so the control plants it)."""
 
-    ctx = InferenceContext(build_random_model("llama", "tiny", seed=3), "fx")
-    prompt, caller, runs = [1, 5, 9, 2, 7, 7, 3], torch.get_num_threads(), {}
-    try:
-        for t in (2, 1):
-            torch.set_num_threads(t)
-            runs[t] = ctx.generate(prompt, 16, keep_logits=True)
-    finally:
-        torch.set_num_threads(caller)
-    assert not all(torch.equal(a, b) for a, b in zip(runs[1].logits, runs[2].logits))
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight = linear.weight  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        blocks = zip(x.chunk(torch.get_num_threads(), -1), self.weight.chunk(torch.get_num_threads(), -1))
+        return sum(xb @ wb.T for xb, wb in blocks)
+
+
+def test_negative_control_a_step_that_sums_by_thread_count_moves_bits_which_the_comparison_sees():
+    """The comparison above sees a last-bit change: the same switching run, with the output head summing
+    by thread count (eager, so the count is read at every step), differs from the fixed-count run."""
+    fixed, adapted = _switching_vs_fixed("llama", "eager", patch=lambda m: setattr(m, "lm_head",
+                                                                                 SumsByThreadCount(m.lm_head)))
+    assert not all(torch.equal(a, b) for a, b in zip(adapted.logits, fixed.logits))
 
 
 def test_only_thread_invariant_backends_get_a_governor():

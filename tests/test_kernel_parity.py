@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import fuelpipe.kv.slot_attention as readable_attention
+from fuelpipe.kernels.build import vector_paths
+from fuelpipe.oracles.kernel_parity import PATHS_OF_KERNEL
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.quant import formats
 from fuelpipe.runner.assemble import assemble
@@ -47,7 +49,11 @@ def test_every_kernel_passes_within_its_bound(gate):
     result = gate()
     assert result.passed, result.detail
     assert set(result.metric["worst_ratio"]) == set(KERNELS)
-    assert result.metric["vector_path"] in ("avx2", "scalar")
+    assert result.metric["vector_path"] == result.metric["vector_paths"][-1]  # the best this CPU runs
+    assert result.metric["vector_paths"] == vector_paths() and result.metric["vector_paths"][0] == "scalar"
+    for path, worst in result.metric["worst_ratio_by_path"].items():  # each kernel on every path it has
+        assert set(worst) == {k for k in KERNELS if path in PATHS_OF_KERNEL[k]}, (path, worst)
+        assert all(0.0 < r <= 1.0 for r in worst.values()), (path, worst)
     assert all(0.0 < r <= 1.0 for r in result.metric["worst_ratio"].values()), result.metric
     # odd block counts (1, 3, 5 blocks of 32) and the model's own in_features (64) one block either side
     assert {32, 96, 160, 64 - 32, 64 + 32} <= set(result.metric["quant_k"])
@@ -57,6 +63,8 @@ def test_its_own_fault_fails_every_kernel(gate):
     result = gate(["experiment.oracles.kernel_parity.inject_fault=true"])
     assert not result.passed and result.fault == "kernel_tail_dropped"
     assert _failed_kernels(result) == set(KERNELS), result.metric
+    for path, worst in result.metric["worst_ratio_by_path"].items():  # caught on every path, not on one
+        assert all(r > 1.0 for r in worst.values()), (path, worst)
 
 
 def test_a_reference_step_one_code_off_fails_the_16_bit_kernels_only(gate, monkeypatch):

@@ -9,7 +9,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from conftest import with_tiny_model
 from fuelpipe.faults import Fault
-from fuelpipe.kernels.build import load, vector_path
+from fuelpipe.kernels.build import load
 from fuelpipe.oracles.execute import execute
 from fuelpipe.oracles.registry import oracle
 from fuelpipe.errors import ConfigError
@@ -43,12 +43,6 @@ def _op_a16(p: PackedWeight, x, bias=None):
     if p.kind is QuantKind.int8:
         return ops.q8_gemv_a16(x, p.q, p.scales, bias)
     return ops.q4_gemv_a16(x, p.q, p.scales, p.mins, bias)
-
-
-def test_the_kernels_take_the_vector_path_on_an_avx2_cpu():
-    flags = open("/proc/cpuinfo").read()
-    want = "avx2" if all(f in flags for f in (" avx2", " fma", " f16c")) else "scalar"
-    assert vector_path() == want
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)

@@ -1,6 +1,6 @@
 """Compile and load fuelpipe's C++ operators once per machine.
 
-``quant_gemv.cpp``: low-bit weight products (f32 or 16-bit activations); ``f32_panels.cpp``: f32 linears on
+``quant_gemv.cpp`` / ``quant_a16.cpp``: low-bit weight products (f32 / 16-bit activations); ``f32_panels.cpp``: f32 linears on
 panel-packed weights (``fuelpipe.plan.panels``); ``f32_rows.cpp``: f32 linears on the model's own row-major
 weights (``fuelpipe.plan.rows_linear``); ``slot_attention.cpp``: batch-slot attention. One library, ``torch.ops.fuelpipe_kernels``.
 
@@ -13,6 +13,11 @@ Later processes load the built library in milliseconds. The folder is
 
 A failed build is a typed ``KernelBuildError`` naming the compiler's output,
 never a half-loaded library.
+
+Vector paths (``vector_path.h``): each kernel takes the highest of its paths that this build compiled and
+this CPU runs (``scalar``, ``avx2``, ``avx_vnni``, ``avx512``), chosen once per process at load.
+``$FUELPIPE_KERNEL_PATH`` or ``forced_vector_path`` forces a lower one (tests and benchmarks run every path
+the machine has); a path the CPU lacks is a typed ``KernelPathError``, never an illegal instruction.
 """
 from __future__ import annotations
 
@@ -23,18 +28,21 @@ import os
 import platform
 import subprocess
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from fuelpipe.errors import FuelpipeError
+from fuelpipe.errors import ConfigError, FuelpipeError
 from fuelpipe.progress import waiting
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemv.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in (
+    "quant_gemv.cpp", "quant_a16.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("vector_path.h", "quant_common.h"))
 # The sources compile as two translation units, one per core of a small machine: each C++ file spends
 # most of its compile in torch's headers, so two units parse them twice instead of four times (a cold
 # build 27 s -> 12.5 s on 2 cores). The units are generated in the build folder and only #include the sources.
-UNITS = (("unit_quant.cpp", ("quant_gemv.cpp", "slot_attention.cpp")), ("unit_f32.cpp", ("f32_panels.cpp", "f32_rows.cpp")))
+UNITS = (("unit_quant.cpp", ("quant_gemv.cpp", "quant_a16.cpp", "slot_attention.cpp")), ("unit_f32.cpp", ("f32_panels.cpp", "f32_rows.cpp")))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 log = logging.getLogger(__name__)
@@ -46,13 +54,20 @@ class KernelBuildError(FuelpipeError):
     """fuelpipe's C++ kernels could not be compiled or loaded on this machine."""
 
 
+class KernelPathError(ConfigError):
+    """A vector path was asked for that this CPU or build cannot run."""
+
+
+PATH_ENV = "FUELPIPE_KERNEL_PATH"
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("FUELPIPE_KERNEL_CACHE", Path.home() / ".cache" / "fuelpipe" / "kernels"))
 
 
 def build_digest() -> str:
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         h.update(source.read_bytes())
     for unit, text in _unit_texts(Path("<sources>")).items():  # the units as generated (by source name)
         h.update(f"{unit}\n{text}".encode())
@@ -100,6 +115,7 @@ def load() -> str:
                 torch.ops.load_library(str(built))
                 _LOADED[digest] = str(built)
                 _register_fakes()
+                _apply_path_env()
                 _READY.append(_LOADED[digest])
                 return _LOADED[digest]
             except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
@@ -119,6 +135,7 @@ def load() -> str:
                 f"{type(e).__name__}: {str(e)[-2000:]}") from e
         _LOADED[digest] = str(path)
         _register_fakes()
+        _apply_path_env()
         _READY.append(_LOADED[digest])
         return _LOADED[digest]
 
@@ -176,6 +193,45 @@ def _register_fakes() -> None:
 
 
 def vector_path() -> str:
-    """``avx2`` or ``scalar``: which path the built kernels take on this CPU."""
+    """The vector path the kernels take now: the best this CPU runs, unless one was forced."""
     load()
     return torch.ops.fuelpipe_kernels.vector_path()
+
+
+def vector_paths() -> list[str]:
+    """Every path this build compiled and this CPU runs, lowest first (``scalar`` always)."""
+    load()
+    return list(torch.ops.fuelpipe_kernels.vector_paths())
+
+
+def set_vector_path(name: str) -> str:
+    """Forces a path (``auto``: the best); returns the one taken before. Process-wide: kernels already in a
+    held plan take it from their next call. A path this CPU or build lacks is a ``KernelPathError``."""
+    load()
+    return _set(name)
+
+
+def _set(name: str) -> str:
+    try:
+        return torch.ops.fuelpipe_kernels.set_vector_path(str(name))
+    except RuntimeError as err:
+        raise KernelPathError(str(err).splitlines()[0]) from None
+
+
+@contextmanager
+def forced_vector_path(name: str):
+    """Runs the block with the kernels on path ``name``, then restores the path taken before."""
+    before = set_vector_path(name)
+    try:
+        yield name
+    finally:
+        _set(before)
+
+
+def _apply_path_env() -> None:
+    name = os.environ.get(PATH_ENV)
+    if name:
+        try:
+            _set(name)
+        except KernelPathError as err:
+            raise KernelPathError(f"${PATH_ENV}: {err}") from None

@@ -20,9 +20,10 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#include "vector_path.h"
+
+#ifdef FUELPIPE_HAS_AVX2
 #include <immintrin.h>
-#define FUELPIPE_PANELS_AVX2 1
 #endif
 
 namespace {
@@ -55,7 +56,7 @@ void tile_scalar(const float* w, const float* x, int64_t K, float* out, int64_t 
   }
 }
 
-#ifdef FUELPIPE_PANELS_AVX2
+#ifdef FUELPIPE_HAS_AVX2
 // MR rows of x against one panel. The accumulators are named registers, not an array: GCC keeps an
 // indexed array of vectors on the stack and stores it every iteration (measured 3x slower).
 template <int MR>
@@ -95,7 +96,7 @@ void panel_tile_avx2(const float* w, const float* x, int64_t K, float* out, int6
 #endif
 
 
-#ifdef FUELPIPE_PANELS_AVX2
+#ifdef FUELPIPE_HAS_AVX2
 // MR (<= 3) rows against two adjacent panels: 4 vectors per row, so a short tile still has 4 * MR
 // independent accumulator chains (one panel alone would leave 2 * MR, too few to hide FMA latency).
 template <int MR>
@@ -142,11 +143,13 @@ void tile2_avx2(const float* w, const float* v, const float* x, int64_t K, float
 
 template <int MR>
 inline void tile(const float* w, const float* x, int64_t K, float* out, int64_t N, const float* bias, int64_t ncols) {
-#ifdef FUELPIPE_PANELS_AVX2
-  panel_tile_avx2<MR>(w, x, K, out, N, bias, ncols);
-#else
-  tile_scalar<MR>(w, x, K, out, N, bias, ncols);
+#ifdef FUELPIPE_HAS_AVX2
+  if (fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
+    panel_tile_avx2<MR>(w, x, K, out, N, bias, ncols);
+    return;
+  }
 #endif
+  tile_scalar<MR>(w, x, K, out, N, bias, ncols);
 }
 
 // All M rows of x against one panel, in tiles of up to kMaxRows rows (the panel is re-read from L1/L2).
@@ -182,8 +185,8 @@ void panel_pair_rows(const float* wp, int64_t p, bool pair, const float* x, int6
     if (pair) tile<kMaxRows>(w + K * kPanel, x + m * K, K, out + m * N + n0 + kPanel, N, bias ? bias + n0 + kPanel : nullptr, nc1);
   }
   int64_t rest = M - m;
-#ifdef FUELPIPE_PANELS_AVX2
-  if (pair && rest > 0 && rest <= 3 && nc0 == kPanel) {
+#ifdef FUELPIPE_HAS_AVX2
+  if (pair && rest > 0 && rest <= 3 && nc0 == kPanel && fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
     const float* v = w + K * kPanel;
     const float* xr = x + m * K; float* o = out + m * N + n0; const float* b = bias ? bias + n0 : nullptr;
     if (rest == 1) tile2_avx2<1>(w, v, xr, K, o, N, b, nc1);

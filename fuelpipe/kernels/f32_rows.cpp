@@ -24,9 +24,10 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#include "vector_path.h"
+
+#ifdef FUELPIPE_HAS_AVX2
 #include <immintrin.h>
-#define FUELPIPE_ROWS_AVX2 1
 #endif
 
 namespace {
@@ -57,7 +58,7 @@ void dot_scalar(const float* w, const float* x, int64_t K, float* out, const flo
   *out = finish(lanes, w, x, k8, K, bias);
 }
 
-#ifdef FUELPIPE_ROWS_AVX2
+#ifdef FUELPIPE_HAS_AVX2
 // R weight rows (any addresses: w[r] is row r) against MR rows of x (stride K): R * MR accumulators (at most
 // 12 of the 16 ymm registers), R + MR loads per R * MR multiply-adds. Output (m, r) goes to out[m * ldo + col[r]].
 template <int R, int MR>
@@ -103,16 +104,18 @@ void rows_tile_avx2(const float* const* w, const float* x, int64_t K, float* out
 template <int R, int MR>
 void rows_against_x(const float* const* w, const float* x, int64_t M, int64_t K, float* out, int64_t ldo,
                     const int64_t* col, const float* bias) {
-#ifdef FUELPIPE_ROWS_AVX2
-  int64_t m = 0;
-  for (; m + MR <= M; m += MR) rows_tile_avx2<R, MR>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
-  if (M - m == 2) rows_tile_avx2<R, 2>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
-  else if (M - m == 1) rows_tile_avx2<R, 1>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
-#else
+#ifdef FUELPIPE_HAS_AVX2
+  if (fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR) rows_tile_avx2<R, MR>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+    if (M - m == 2) rows_tile_avx2<R, 2>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+    else if (M - m == 1) rows_tile_avx2<R, 1>(w, x + m * K, K, out + m * ldo, ldo, col, bias);
+    return;
+  }
+#endif
   for (int r = 0; r < R; ++r)
     for (int64_t m = 0; m < M; ++m)
       dot_scalar(w[r], x + m * K, K, out + m * ldo + col[r], bias ? bias + col[r] : nullptr);
-#endif
 }
 
 // The matrices as one list of output rows: global row n lives in matrix part_of(n) at a known address.
@@ -172,38 +175,40 @@ inline void store_cols(const float* acc, int64_t count, float* out, int64_t ldo,
 template <int NR, int V>
 void chain_tile(const float* const* w, const float* xt, int64_t ld8, int64_t K, float* out, int64_t ldo,
                 const int64_t* col, int64_t mcount, const float* bias) {
-#ifdef FUELPIPE_ROWS_AVX2
-  __m256 acc[NR][V];
-  for (int v = 0; v < V; ++v) {
-    const __m256 xv = _mm256_loadu_ps(xt + 8 * v);
-    for (int r = 0; r < NR; ++r) acc[r][v] = _mm256_mul_ps(_mm256_broadcast_ss(w[r]), xv);
-  }
-  for (int64_t k = 1; k < K; ++k) {
-    __m256 xv[V];
-    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * ld8 + 8 * v);
-    for (int r = 0; r < NR; ++r) {
-      const __m256 wb = _mm256_broadcast_ss(w[r] + k);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
-    }
-  }
-  // All accumulators out first, with no control flow among them: GCC keeps an array of vectors in
-  // registers only when nothing indexes it conditionally (else it stores every one every k, ~2x slower).
-  alignas(32) float lanes[NR][V][8];
-  for (int r = 0; r < NR; ++r)
-    for (int v = 0; v < V; ++v) _mm256_store_ps(lanes[r][v], acc[r][v]);
-  for (int r = 0; r < NR; ++r)
+#ifdef FUELPIPE_HAS_AVX2
+  if (fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
+    __m256 acc[NR][V];
     for (int v = 0; v < V; ++v) {
-      const int64_t count = std::min<int64_t>(8, mcount - 8 * v);
-      if (count > 0) store_cols(lanes[r][v], count, out + 8 * v * ldo + col[r], ldo, bias ? bias[col[r]] : 0.0f);
+      const __m256 xv = _mm256_loadu_ps(xt + 8 * v);
+      for (int r = 0; r < NR; ++r) acc[r][v] = _mm256_mul_ps(_mm256_broadcast_ss(w[r]), xv);
     }
-#else
+    for (int64_t k = 1; k < K; ++k) {
+      __m256 xv[V];
+      for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * ld8 + 8 * v);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 wb = _mm256_broadcast_ss(w[r] + k);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
+      }
+    }
+    // All accumulators out first, with no control flow among them: GCC keeps an array of vectors in
+    // registers only when nothing indexes it conditionally (else it stores every one every k, ~2x slower).
+    alignas(32) float lanes[NR][V][8];
+    for (int r = 0; r < NR; ++r)
+      for (int v = 0; v < V; ++v) _mm256_store_ps(lanes[r][v], acc[r][v]);
+    for (int r = 0; r < NR; ++r)
+      for (int v = 0; v < V; ++v) {
+        const int64_t count = std::min<int64_t>(8, mcount - 8 * v);
+        if (count > 0) store_cols(lanes[r][v], count, out + 8 * v * ldo + col[r], ldo, bias ? bias[col[r]] : 0.0f);
+      }
+    return;
+  }
+#endif
   for (int r = 0; r < NR; ++r)
     for (int64_t j = 0; j < std::min<int64_t>(8 * V, mcount); ++j) {
       float s = w[r][0] * xt[j];
       for (int64_t k = 1; k < K; ++k) s = std::fma(w[r][k], xt[k * ld8 + j], s);
       out[j * ldo + col[r]] = bias ? s + bias[col[r]] : s;
     }
-#endif
 }
 
 template <int NR>

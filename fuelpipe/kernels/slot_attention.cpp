@@ -25,47 +25,51 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#include "vector_path.h"
+
+#ifdef FUELPIPE_HAS_AVX2
 #include <immintrin.h>
 #endif
 
 namespace {
 
-#if defined(__AVX2__) && defined(__FMA__)
-inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t d = 0;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  for (; d + 16 <= n; d += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), acc1);
-  }
-  for (; d + 8 <= n; d += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
-  const __m256 acc = _mm256_add_ps(acc0, acc1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float s = _mm_cvtss_f32(h);
-  for (; d < n; ++d) s += a[d] * b[d];
-  return s;
-}
+using fuelpipe_isa::at_least;
+using fuelpipe_isa::Path;
 
-inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-  int64_t d = 0;
-  const __m256 a = _mm256_set1_ps(alpha);
-  for (; d + 8 <= n; d += 8) _mm256_storeu_ps(y + d, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
-  for (; d < n; ++d) y[d] += alpha * x[d];
-}
-#else
 inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef FUELPIPE_HAS_AVX2
+  if (at_least(Path::avx2)) {
+    int64_t d = 0;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; d + 16 <= n; d += 16) {
+      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), acc1);
+    }
+    for (; d + 8 <= n; d += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float s = _mm_cvtss_f32(h);
+    for (; d < n; ++d) s += a[d] * b[d];
+    return s;
+  }
+#endif
   float s = 0.0f;
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
 }
 
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
+  int64_t d = 0;
+#ifdef FUELPIPE_HAS_AVX2
+  if (at_least(Path::avx2)) {
+    const __m256 a = _mm256_set1_ps(alpha);
+    for (; d + 8 <= n; d += 8) _mm256_storeu_ps(y + d, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
+  }
 #endif
+  for (; d < n; ++d) y[d] += alpha * x[d];
+}
 
 at::Tensor slot_attention(const at::Tensor& q_in, const at::Tensor& k_buf, const at::Tensor& v_buf,
                           const at::Tensor& slot_ids_in, const at::Tensor& mask, double scale) {

@@ -1,0 +1,429 @@
+// Low-bit weights times 16-bit activations (activations=int16): the *_a16 operators, one per weight kind.
+//
+// Paths (vector_path.h): scalar, avx2, avx_vnni and avx512. They share the integer part exactly (the same
+// codes, the same int32 block sums) and differ only in the order of the f32 additions that scale and sum
+// the blocks, which kernel_parity's bound covers for any order.
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "quant_common.h"
+
+namespace {
+
+using namespace fuelpipe_quant;
+
+
+// ---- 16-bit activations: integer dot products (activations=int16) ----------------------------------
+//
+// Each activation row is quantized per 32-element block, symmetrically to 16 bits:
+//   dx[b] = max|x[b*32 .. b*32+31]| / 32767,  xq[k] = round_half_even(x[k] / dx[b])   (0 where dx = 0)
+// which is fuelpipe.quant.formats.quantize_activations, element for element. A block's products are
+// then summed exactly in int32 (int8 or 4-bit codes times int16: at most 32 * 127 * 32767 < 2^31)
+// and scaled once: for int8, sum_b w_scale * dx[b] * sum(q * xq); for 4-bit, the same plus
+// min * dx[b] * sum(xq). So the result is F.linear(round_trip_activations(x), dequantize(w)) up to
+// the order of f32 additions, with one rounding per block instead of one per product; relative to
+// f32 activations each element moves by at most half a step, max|x of its block| / 65534.
+// Integer products halve the vector work per weight against widening every weight to f32, which is
+// what kept the f32-activation kernels below the memory bandwidth (experiments/bench_peers_quant_cpu).
+// Every activation row takes the same per-row function, so a row's result does not depend on how
+// many rows are in the call (a batch row equals the same row decoded alone, bit for bit).
+
+constexpr int64_t kBlock = 32;
+
+// Weights are read once per token, straight from DRAM: each row loop asks for the bytes 1 KiB ahead.
+// Measured here (AMD EPYC, one process, interleaved): int8 rows 0.87-0.88x the time without it; 256 and
+// 512 bytes helped less, 2-4 KiB no more.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// One activation row -> xq [K] int16, dx [K / 32] f32, xs [K / 32] f32 (dx * sum(xq): the block's
+// sum as the kernel sees it, for the 4-bit mins). A non-finite element makes its block's dx NaN.
+void quantize_row_a16(const float* x, int64_t K, int16_t* xq, float* dx, float* xs) {
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    bool finite = true;
+    for (int j = 0; j < kBlock; ++j) {
+      const float a = std::fabs(xb[j]);
+      finite = finite && std::isfinite(a);
+      amax = a > amax ? a : amax;
+    }
+    const float d = finite ? amax / 32767.f : std::numeric_limits<float>::quiet_NaN();
+    int32_t total = 0;
+    for (int j = 0; j < kBlock; ++j) {
+      float r = (d > 0.f) ? std::nearbyint(xb[j] / d) : 0.f;  // round half to even (the default mode)
+      r = r > 32767.f ? 32767.f : (r < -32767.f ? -32767.f : r);
+      xq[b * kBlock + j] = static_cast<int16_t>(r);
+      total += static_cast<int32_t>(r);
+    }
+    dx[b] = d;
+    xs[b] = d * static_cast<float>(total);
+  }
+}
+
+// ---- scalar: one block's exact int32 sum, scaled and added in order ------------------------------
+
+inline int32_t q8_block_a16_scalar(const int8_t* qb, const int16_t* xb) {
+  int32_t t = 0;
+  for (int j = 0; j < kBlock; ++j) t += static_cast<int32_t>(qb[j]) * xb[j];
+  return t;
+}
+inline int32_t q4_block_a16_scalar(const uint8_t* qb, const int16_t* xb) {
+  int32_t t = 0;
+  for (int j = 0; j < 16; ++j) t += static_cast<int32_t>(qb[j] & 0x0F) * xb[j] + static_cast<int32_t>(qb[j] >> 4) * xb[j + 16];
+  return t;
+}
+
+// One weight row (int8 codes q [K], scales s [K / G]) against one quantized activation row.
+// Scale of block b: w_scale[b / per_group] * dx[b].
+template <typename S>
+float q8_row_scalar(const int8_t* q, const S* s, int64_t K, int64_t G, const int16_t* xq, const float* dx) {
+  const int64_t per_group = G / kBlock;
+  float acc = 0.f;
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    for (int64_t j = 0; j < per_group; ++j, ++b)
+      acc += static_cast<float>(q8_block_a16_scalar(q + b * kBlock, xq + b * kBlock)) * (sg * dx[b]);
+  }
+  return acc;
+}
+
+// The same for 4-bit codes, plus the mins' share: min[g] * (sum of the group's quantized activations).
+template <typename S>
+float q4_row_scalar(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t G, const int16_t* xq, const float* dx,
+                    const float* xs) {
+  const int64_t per_group = G / kBlock;
+  float acc = 0.f, macc = 0.f;
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    float group_sum = 0.f;
+    for (int64_t j = 0; j < per_group; ++j, ++b) {
+      acc += static_cast<float>(q4_block_a16_scalar(q + b * (kBlock / 2), xq + b * kBlock)) * (sg * dx[b]);
+      group_sum += xs[b];
+    }
+    macc += to_f32(mn[g]) * group_sum;
+  }
+  return acc + macc;
+}
+
+#ifdef FUELPIPE_HAS_AVX2
+// ---- avx2 and avx_vnni: a block as 8 int32 lanes, scaled in 8 f32 lanes, two chains (even, odd blocks) ----
+
+// sc[b] = w_scale[b] * dx[b] for the nb blocks of one row (group size 32).
+template <typename S>
+inline void block_scales(const S* s, const float* dx, int64_t nb, float* sc) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256 w;
+    if constexpr (std::is_same_v<S, float>) w = _mm256_loadu_ps(s + b);
+    else w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b)));
+    _mm256_store_ps(sc + b, _mm256_mul_ps(w, _mm256_loadu_ps(dx + b)));
+  }
+  for (; b < nb; ++b) sc[b] = to_f32(s[b]) * dx[b];
+}
+
+// The second half's products added to the first's: AVX-VNNI does it in the multiply (VPDPWSSD), AVX2 with
+// a separate add. Integer sums: both give the same bits.
+template <bool kVnni>
+__attribute__((always_inline)) inline __m256i madd_add(__m256i first, __m256i w1, __m256i x1) {
+#ifdef FUELPIPE_HAS_AVX_VNNI
+  if constexpr (kVnni) return _mm256_dpwssd_avx_epi32(first, w1, x1);
+#endif
+  return _mm256_add_epi32(first, _mm256_madd_epi16(w1, x1));
+}
+
+// 32 int8 weights times 32 int16 activations: 8 int32 lanes summing to the block's exact dot product.
+template <bool kVnni>
+__attribute__((always_inline)) inline __m256i q8_block_a16(const int8_t* qb, const int16_t* xb) {
+  const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb)));
+  const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16)));
+  return madd_add<kVnni>(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))), w1,
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16)));
+}
+// 16 bytes of 4-bit codes (block order: byte j holds elements j and j + 16) times 32 int16 activations
+// stored in the order the unpacking produces (permute_for_q4): the 16 bytes go to both 128-bit lanes, the
+// upper lane shifted right by 4, so lane 0 holds elements 0..15 and lane 1 elements 16..31 as bytes;
+// interleaving with zero bytes then gives int16 elements [0..7 | 16..23] and [8..15 | 24..31].
+template <bool kVnni>
+__attribute__((always_inline)) inline __m256i q4_block_a16(const uint8_t* qb, const int16_t* xb) {
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb)));
+  const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                         _mm256_set1_epi8(0x0F));
+  const __m256i zero = _mm256_setzero_si256();
+  return madd_add<kVnni>(
+      _mm256_madd_epi16(_mm256_unpacklo_epi8(codes, zero), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))),
+      _mm256_unpackhi_epi8(codes, zero), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16)));
+}
+
+// Reorders each 32-element block of int16 activations for q4_block_a16: [0..7, 16..23, 8..15, 24..31].
+void permute_for_q4(int16_t* xq, int64_t n) {
+  int16_t tmp[kBlock];
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    int16_t* x = xq + b * kBlock;
+    for (int j = 0; j < 8; ++j) {
+      tmp[j] = x[j];
+      tmp[8 + j] = x[16 + j];
+      tmp[16 + j] = x[8 + j];
+      tmp[24 + j] = x[24 + j];
+    }
+    std::memcpy(x, tmp, sizeof(tmp));
+  }
+}
+
+// Group size 32 (every GGUF block, the default) takes a loop with no group bookkeeping, unrolled by two
+// into independent chains; other group sizes alternate the chains block by block.
+template <bool kVnni, typename S>
+float q8_row_avx2(const int8_t* q, const S* s, int64_t K, int64_t G, const int16_t* xq, const float* dx) {
+  const int64_t nb = K / kBlock, per_group = G / kBlock;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  if (per_group == 1) {
+    alignas(32) float sc[kMaxGroups];  // block scales: w_scale[b] * dx[b], 8 at a time
+    block_scales(s, dx, nb, sc);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_a16<kVnni>(q + b * kBlock, xq + b * kBlock)), _mm256_broadcast_ss(sc + b), a0);
+      a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_a16<kVnni>(q + (b + 1) * kBlock, xq + (b + 1) * kBlock)),
+                           _mm256_broadcast_ss(sc + b + 1), a1);
+    }
+    if (b < nb)
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_a16<kVnni>(q + b * kBlock, xq + b * kBlock)), _mm256_broadcast_ss(sc + b), a0);
+    return hsum(_mm256_add_ps(a0, a1));
+  }
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    for (int64_t j = 0; j < per_group; ++j, ++b) {
+      const __m256 part = _mm256_cvtepi32_ps(q8_block_a16<kVnni>(q + b * kBlock, xq + b * kBlock));
+      if (j & 1) a1 = _mm256_fmadd_ps(part, _mm256_set1_ps(sg * dx[b]), a1);
+      else a0 = _mm256_fmadd_ps(part, _mm256_set1_ps(sg * dx[b]), a0);
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+template <bool kVnni, typename S>
+float q4_row_avx2(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t G, const int16_t* xq, const float* dx,
+                  const float* xs) {
+  const int64_t nb = K / kBlock, per_group = G / kBlock;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  if (per_group == 1) {
+    alignas(32) float sc[kMaxGroups], mins[kMaxGroups];
+    block_scales(s, dx, nb, sc);
+    const float* m = row_f32<S>(mn, nb, mins);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + b * (kBlock / 2)) + kPrefetchBytes, _MM_HINT_T0);
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_block_a16<kVnni>(q + b * (kBlock / 2), xq + b * kBlock)),
+                           _mm256_broadcast_ss(sc + b), a0);
+      a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_block_a16<kVnni>(q + (b + 1) * (kBlock / 2), xq + (b + 1) * kBlock)),
+                           _mm256_broadcast_ss(sc + b + 1), a1);
+    }
+    if (b < nb)
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_block_a16<kVnni>(q + b * (kBlock / 2), xq + b * kBlock)),
+                           _mm256_broadcast_ss(sc + b), a0);
+    return hsum(_mm256_add_ps(a0, a1)) + dot_f32(m, xs, nb);
+  }
+  float macc = 0.f;
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    float group_sum = 0.f;
+    for (int64_t j = 0; j < per_group; ++j, ++b) {
+      const __m256 part = _mm256_cvtepi32_ps(q4_block_a16<kVnni>(q + b * (kBlock / 2), xq + b * kBlock));
+      if (j & 1) a1 = _mm256_fmadd_ps(part, _mm256_set1_ps(sg * dx[b]), a1);
+      else a0 = _mm256_fmadd_ps(part, _mm256_set1_ps(sg * dx[b]), a0);
+      group_sum += xs[b];
+    }
+    macc += to_f32(mn[g]) * group_sum;
+  }
+  return hsum(_mm256_add_ps(a0, a1)) + macc;
+}
+#endif  // FUELPIPE_HAS_AVX2
+
+#ifdef FUELPIPE_HAS_AVX512
+// ---- avx512: a whole block per 512-bit multiply-add (16 int32 lanes), scaled in 16 f32 lanes, two chains ----
+
+// 32 int8 weights times 32 int16 activations (element order): 16 int32 lanes summing to the block's dot product.
+__attribute__((always_inline)) inline __m512i q8_block_512(const int8_t* qb, const int16_t* xb) {
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)));
+  return _mm512_madd_epi16(w, _mm512_loadu_si512(xb));
+}
+// 16 bytes of 4-bit codes widened twice to 16 bits ([b0..b15, b0..b15]); the upper half shifted right by 4:
+// element order (low nibbles are elements 0..15, high nibbles 16..31), so the activations need no permutation.
+__attribute__((always_inline)) inline __m512i q4_block_512(const uint8_t* qb, const int16_t* xb, __m512i shifts) {
+  const __m512i twice = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb))));
+  const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(twice, shifts), _mm512_set1_epi16(0x0F));
+  return _mm512_madd_epi16(codes, _mm512_loadu_si512(xb));
+}
+inline __m512i q4_shifts() { return _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); }
+
+template <typename S>
+float q8_row_avx512(const int8_t* q, const S* s, int64_t K, int64_t G, const int16_t* xq, const float* dx) {
+  const int64_t nb = K / kBlock, per_group = G / kBlock;
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  if (per_group == 1) {
+    alignas(32) float sc[kMaxGroups];
+    block_scales(s, dx, nb, sc);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
+      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(q + b * kBlock, xq + b * kBlock)), _mm512_set1_ps(sc[b]), a0);
+      a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(q + (b + 1) * kBlock, xq + (b + 1) * kBlock)),
+                           _mm512_set1_ps(sc[b + 1]), a1);
+    }
+    if (b < nb) a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(q + b * kBlock, xq + b * kBlock)), _mm512_set1_ps(sc[b]), a0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    for (int64_t j = 0; j < per_group; ++j, ++b) {
+      const __m512 part = _mm512_cvtepi32_ps(q8_block_512(q + b * kBlock, xq + b * kBlock));
+      if (j & 1) a1 = _mm512_fmadd_ps(part, _mm512_set1_ps(sg * dx[b]), a1);
+      else a0 = _mm512_fmadd_ps(part, _mm512_set1_ps(sg * dx[b]), a0);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+template <typename S>
+float q4_row_avx512(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t G, const int16_t* xq, const float* dx,
+                    const float* xs) {
+  const int64_t nb = K / kBlock, per_group = G / kBlock;
+  const __m512i shifts = q4_shifts();
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  if (per_group == 1) {
+    alignas(32) float sc[kMaxGroups], mins[kMaxGroups];
+    block_scales(s, dx, nb, sc);
+    const float* m = row_f32<S>(mn, nb, mins);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + b * (kBlock / 2)) + kPrefetchBytes, _MM_HINT_T0);
+      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_block_512(q + b * (kBlock / 2), xq + b * kBlock, shifts)),
+                           _mm512_set1_ps(sc[b]), a0);
+      a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_block_512(q + (b + 1) * (kBlock / 2), xq + (b + 1) * kBlock, shifts)),
+                           _mm512_set1_ps(sc[b + 1]), a1);
+    }
+    if (b < nb)
+      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_block_512(q + b * (kBlock / 2), xq + b * kBlock, shifts)),
+                           _mm512_set1_ps(sc[b]), a0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + dot_f32(m, xs, nb);
+  }
+  float macc = 0.f;
+  for (int64_t g = 0, b = 0; g < K / G; ++g) {
+    const float sg = to_f32(s[g]);
+    float group_sum = 0.f;
+    for (int64_t j = 0; j < per_group; ++j, ++b) {
+      const __m512 part = _mm512_cvtepi32_ps(q4_block_512(q + b * (kBlock / 2), xq + b * kBlock, shifts));
+      if (j & 1) a1 = _mm512_fmadd_ps(part, _mm512_set1_ps(sg * dx[b]), a1);
+      else a0 = _mm512_fmadd_ps(part, _mm512_set1_ps(sg * dx[b]), a0);
+      group_sum += xs[b];
+    }
+    macc += to_f32(mn[g]) * group_sum;
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + macc;
+}
+#endif  // FUELPIPE_HAS_AVX512
+
+// ---- the path's row functions, chosen once per call ----------------------------------------------
+
+template <typename S>
+float q8_row_a16(Path p, const int8_t* q, const S* s, int64_t K, int64_t G, const int16_t* xq, const float* dx) {
+#ifdef FUELPIPE_HAS_AVX512
+  if (p == Path::avx512) return q8_row_avx512(q, s, K, G, xq, dx);
+#endif
+#ifdef FUELPIPE_HAS_AVX_VNNI
+  if (p == Path::avx_vnni) return q8_row_avx2<true>(q, s, K, G, xq, dx);
+#endif
+#ifdef FUELPIPE_HAS_AVX2
+  if (p != Path::scalar) return q8_row_avx2<false>(q, s, K, G, xq, dx);
+#endif
+  return q8_row_scalar(q, s, K, G, xq, dx);
+}
+
+template <typename S>
+float q4_row_a16(Path p, const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t G, const int16_t* xq,
+                 const float* dx, const float* xs) {
+#ifdef FUELPIPE_HAS_AVX512
+  if (p == Path::avx512) return q4_row_avx512(q, s, mn, K, G, xq, dx, xs);
+#endif
+#ifdef FUELPIPE_HAS_AVX_VNNI
+  if (p == Path::avx_vnni) return q4_row_avx2<true>(q, s, mn, K, G, xq, dx, xs);
+#endif
+#ifdef FUELPIPE_HAS_AVX2
+  if (p != Path::scalar) return q4_row_avx2<false>(q, s, mn, K, G, xq, dx, xs);
+#endif
+  return q4_row_scalar(q, s, mn, K, G, xq, dx, xs);
+}
+
+// The 256-bit 4-bit blocks read their activations in the unpacking's order (permute_for_q4).
+inline bool q4_permuted(Path p) { return p == Path::avx2 || p == Path::avx_vnni; }
+
+// Quantizes every activation row, then runs row_fn(n, xq_row, dx_row, xs_row) for each output.
+// q4_order: lay each block out for q4_block_a16 (the 256-bit 4-bit paths).
+template <typename RowFn>
+at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, bool q4_order,
+                        RowFn row_fn) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = out_like(x, N);
+  const int64_t M = x.numel() / K, nb = K / kBlock;
+  std::vector<int16_t> xq(M * K);
+  std::vector<float> dx(M * nb), xs(M * nb);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row_a16(xp + m * K, K, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb);
+#ifdef FUELPIPE_HAS_AVX2
+  if (q4_order) permute_for_q4(xq.data(), M * K);
+#endif
+  float* op = out.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->contiguous().data_ptr<float>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t m = 0; m < M; ++m) {
+        float v = row_fn(n, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb);
+        op[m * N + n] = bp ? v + bp[n] : v;
+      }
+  });
+  return out;
+}
+
+at::Tensor q8_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
+  const auto shape = q8_shapes("q8_gemv_a16", x, q, scales, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2], KG = K / G;
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const Path path = fuelpipe_isa::current();
+  auto typed = [&](auto* sp) {
+    return run_rows_a16(x, N, K, bias, false, [&](int64_t n, const int16_t* xq, const float* dx, const float*) {
+      return q8_row_a16(path, qp + n * K, sp + n * KG, K, G, xq, dx);
+    });
+  };
+  if (scales.scalar_type() == at::kFloat) return typed(scales.data_ptr<float>());
+  return typed(scales.data_ptr<c10::Half>());
+}
+
+at::Tensor q4_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const at::Tensor& mins,
+                       const c10::optional<at::Tensor>& bias) {
+  const auto shape = q4_shapes("q4_gemv_a16", x, q, scales, mins, bias);
+  const int64_t N = shape[0], K = shape[1], G = shape[2], KG = K / G;
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const Path path = fuelpipe_isa::current();
+  auto typed = [&](auto* sp, auto* mp) {
+    return run_rows_a16(x, N, K, bias, q4_permuted(path), [&](int64_t n, const int16_t* xq, const float* dx, const float* xs) {
+      return q4_row_a16(path, qp + n * (K / 2), sp + n * KG, mp + n * KG, K, G, xq, dx, xs);
+    });
+  };
+  if (scales.scalar_type() == at::kFloat) return typed(scales.data_ptr<float>(), mins.data_ptr<float>());
+  return typed(scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
+  m.impl("q8_gemv_a16", q8_gemv_a16);
+  m.impl("q4_gemv_a16", q4_gemv_a16);
+}

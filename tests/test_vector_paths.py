@@ -3,6 +3,7 @@ machine runs forced in turn and checked against the readable reference, bit-iden
 is the same, and a path the CPU lacks refused with a typed error."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fuelpipe.kernels.build import (
-    PATH_ENV, KernelPathError, forced_vector_path, load, set_vector_path, vector_path, vector_paths,
+    PATH_ENV, KernelPathError, forced_vector_path, kernel_paths, load, set_vector_path, vector_path, vector_paths,
 )
 from fuelpipe.plan.panels import pack_panels
 from fuelpipe.quant.formats import QuantKind, dequantize, quantize, round_trip_activations
@@ -47,6 +48,48 @@ def test_the_cpu_flags_decide_the_paths_and_the_best_is_taken():
     assert vector_paths() == _expected_paths(_cpu_flags())
     if not os.environ.get(PATH_ENV):
         assert vector_path() == vector_paths()[-1]
+        # a kernel with several paths above avx2 takes the one measured fastest here, never above the chosen
+        for kernel, path in kernel_paths().items():
+            assert path in vector_paths(), (kernel, path)
+
+
+def test_a_forced_path_is_taken_by_the_measured_kernels_too():
+    for path in vector_paths():
+        with forced_vector_path(path):
+            assert set(kernel_paths().values()) == {path}
+
+
+def test_the_measured_choice_is_stored_and_a_damaged_record_is_measured_again(tmp_path, monkeypatch):
+    from fuelpipe.kernels import path_choice
+
+    if len(vector_paths()) < 3:
+        pytest.skip("nothing above avx2 to choose between on this CPU")
+    before = kernel_paths()
+    try:
+        _stored_then_read_then_remeasured(path_choice, tmp_path, monkeypatch)
+    finally:  # the process's kernels take their own choice again
+        for kernel, path in before.items():
+            torch.ops.fuelpipe_kernels.set_measured_path(kernel, path)
+
+
+def _stored_then_read_then_remeasured(path_choice, tmp_path, monkeypatch):
+    first = path_choice.apply(tmp_path)
+    stored = json.loads((tmp_path / path_choice.FILE).read_text())
+    assert stored["best"] == first and set(first) == set(path_choice.MEASURED)
+    assert all(set(ms) == set(vector_paths()[1:]) for ms in stored["ms_per_layer"].values())
+    measure = path_choice.measure
+
+    def must_not_measure(paths):
+        raise AssertionError("a stored choice was measured again")
+
+    monkeypatch.setattr(path_choice, "measure", must_not_measure)
+    assert path_choice.apply(tmp_path) == first  # read back, not measured again
+    (tmp_path / path_choice.FILE).write_text("{not json")
+    with pytest.raises(AssertionError, match="measured again"):  # a damaged record is measured again
+        path_choice.apply(tmp_path)
+    monkeypatch.setattr(path_choice, "measure", measure)
+    assert set(path_choice.apply(tmp_path)) == set(path_choice.MEASURED)
+    assert json.loads((tmp_path / path_choice.FILE).read_text())["best"]  # rewritten whole
 
 
 def _a16(kind, p, x):

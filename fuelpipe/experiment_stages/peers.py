@@ -38,6 +38,9 @@ class PeersConfig:
     # kind (activations as weights.activations) or kind:activations, e.g. int8:f32 beside int8 (16-bit).
     quantized: List[str] = field(default_factory=lambda: ["int8", "int4"])
     quantized_backends: List[str] = field(default_factory=lambda: ["fx", "inductor"])
+    # Each quantized row again on each of these kernel vector paths (fuelpipe.kernels.build), side by side in
+    # one run; empty: the path the kernels take by themselves. A path this CPU lacks is reported, not run.
+    vector_paths: List[str] = field(default_factory=list)
     record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
 
 
@@ -58,6 +61,7 @@ def validate(p) -> list[str]:
         ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
         ("transformers", p.transformers, TransformersSystem.MODES),
         ("quantized", p.quantized, QUANTIZED_ROWS),
+        ("vector_paths", p.vector_paths, ["scalar", "avx2", "avx_vnni", "avx512"]),
         ("quantized_backends", p.quantized_backends, BACKENDS),
     ):
         for v in values:

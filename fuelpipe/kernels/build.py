@@ -115,7 +115,7 @@ def load() -> str:
                 torch.ops.load_library(str(built))
                 _LOADED[digest] = str(built)
                 _register_fakes()
-                _apply_path_env()
+                _choose_paths(folder)
                 _READY.append(_LOADED[digest])
                 return _LOADED[digest]
             except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
@@ -135,7 +135,7 @@ def load() -> str:
                 f"{type(e).__name__}: {str(e)[-2000:]}") from e
         _LOADED[digest] = str(path)
         _register_fakes()
-        _apply_path_env()
+        _choose_paths(folder)
         _READY.append(_LOADED[digest])
         return _LOADED[digest]
 
@@ -204,6 +204,14 @@ def vector_paths() -> list[str]:
     return list(torch.ops.fuelpipe_kernels.vector_paths())
 
 
+def kernel_paths() -> dict[str, str]:
+    """The path each kernel with a measured choice takes now (``path_choice.MEASURED``)."""
+    from fuelpipe.kernels.path_choice import MEASURED
+
+    load()
+    return {k: torch.ops.fuelpipe_kernels.kernel_path(k) for k in MEASURED}
+
+
 def set_vector_path(name: str) -> str:
     """Forces a path (``auto``: the best); returns the one taken before. Process-wide: kernels already in a
     held plan take it from their next call. A path this CPU or build lacks is a ``KernelPathError``."""
@@ -228,7 +236,11 @@ def forced_vector_path(name: str):
         _set(before)
 
 
-def _apply_path_env() -> None:
+def _choose_paths(folder: Path) -> None:
+    """The measured path of each multi-path kernel (``path_choice``), then a path forced by the environment."""
+    from fuelpipe.kernels import path_choice
+
+    path_choice.apply(folder)
     name = os.environ.get(PATH_ENV)
     if name:
         try:

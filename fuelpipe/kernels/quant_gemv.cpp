@@ -40,19 +40,47 @@ namespace {
 
 using namespace fuelpipe_quant;
 
+// The index of a path this build and CPU run, by name; -1 if none.
+int path_index(const std::string& name) {
+  for (int i = 0; i < fuelpipe_isa::kPaths; ++i)
+    if (name == fuelpipe_isa::kNames[i] && fuelpipe_isa::runnable(static_cast<fuelpipe_isa::Path>(i))) return i;
+  return -1;
+}
+
+// Records the path measured fastest for a kernel with several (vector_path.h: Measured); "" forgets it.
+void set_measured_path(const std::string& kernel, const std::string& name) {
+  for (int k = 0; k < fuelpipe_isa::kMeasured; ++k) {
+    if (kernel != fuelpipe_isa::kMeasuredNames[k]) continue;
+    const int i = name.empty() ? -1 : path_index(name);
+    TORCH_CHECK(name.empty() || i >= 0, "measured path for ", kernel, " must be one this CPU runs, got '", name, "'");
+    fuelpipe_isa::measured_best[k].store(i);
+    return;
+  }
+  TORCH_CHECK(false, "no measured path choice for kernel '", kernel, "'");
+}
+
+// The path a kernel takes now: its measured path for a Measured kernel, else the chosen path.
+std::string kernel_path(const std::string& kernel) {
+  for (int k = 0; k < fuelpipe_isa::kMeasured; ++k)
+    if (kernel == fuelpipe_isa::kMeasuredNames[k])
+      return fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::path_for(static_cast<fuelpipe_isa::Measured>(k)))];
+  return fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())];
+}
+
 // Forces a path by name ("auto": the best this CPU runs); returns the path chosen before. A name this
 // build or CPU cannot run is refused, naming the value and the choices.
 std::string set_vector_path(const std::string& name) {
   const std::string before = fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())];
   if (name == "auto") {
     fuelpipe_isa::chosen.store(static_cast<int>(fuelpipe_isa::best()));
+    fuelpipe_isa::forced.store(false);
     return before;
   }
-  for (int i = 0; i < fuelpipe_isa::kPaths; ++i) {
-    if (name == fuelpipe_isa::kNames[i] && fuelpipe_isa::runnable(static_cast<fuelpipe_isa::Path>(i))) {
-      fuelpipe_isa::chosen.store(i);
-      return before;
-    }
+  const int i = path_index(name);
+  if (i >= 0) {
+    fuelpipe_isa::chosen.store(i);
+    fuelpipe_isa::forced.store(true);
+    return before;
   }
   std::string choices;
   for (const auto& n : fuelpipe_isa::runnable_names()) choices += (choices.empty() ? "" : ", ") + n;
@@ -338,6 +366,8 @@ TORCH_LIBRARY(fuelpipe_kernels, m) {
   m.def("vector_path() -> str");
   m.def("vector_paths() -> str[]");
   m.def("set_vector_path(str path) -> str");
+  m.def("set_measured_path(str kernel, str path) -> ()");
+  m.def("kernel_path(str kernel) -> str");
 }
 
 TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
@@ -350,4 +380,6 @@ TORCH_LIBRARY_IMPL(fuelpipe_kernels, CompositeExplicitAutograd, m) {
   m.impl("vector_path", []() -> std::string { return fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())]; });
   m.impl("vector_paths", []() -> std::vector<std::string> { return fuelpipe_isa::runnable_names(); });
   m.impl("set_vector_path", set_vector_path);
+  m.impl("set_measured_path", set_measured_path);
+  m.impl("kernel_path", kernel_path);
 }

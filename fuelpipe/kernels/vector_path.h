@@ -86,6 +86,21 @@ inline Path current() {
 // True when the chosen path is p or above: a kernel runs its code for p.
 inline bool at_least(Path p) { return static_cast<int>(current()) >= static_cast<int>(p); }
 
+// Kernels with several vector paths above avx2 take the one measured fastest on this CPU
+// (fuelpipe.kernels.build measures once per machine and build), never above the chosen path; a forced
+// path (set_vector_path with a name) is taken as it is, so tests and benchmarks run exactly that path.
+enum class Measured : int { q8_a16 = 0, q4_a16 = 1 };
+constexpr int kMeasured = 2;
+inline const char* const kMeasuredNames[kMeasured] = {"q8_gemv_a16", "q4_gemv_a16"};
+inline std::atomic<int> measured_best[kMeasured] = {-1, -1};
+inline std::atomic<bool> forced{false};
+
+inline Path path_for(Measured kernel) {
+  const int c = static_cast<int>(current());
+  const int m = measured_best[static_cast<int>(kernel)].load(std::memory_order_relaxed);
+  return static_cast<Path>(!forced.load(std::memory_order_relaxed) && m >= 0 && m < c ? m : c);
+}
+
 inline std::vector<std::string> runnable_names() {
   std::vector<std::string> out;
   for (int i = 0; i < kPaths; ++i)

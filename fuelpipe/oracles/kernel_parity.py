@@ -369,7 +369,9 @@ def _model_in_features(model) -> set[int]:
 
 
 def run(inp: OracleInput) -> OracleResult:
-    from fuelpipe.kernels.build import KernelBuildError, forced_vector_path, load, vector_path, vector_paths
+    from fuelpipe.kernels.build import (
+        KernelBuildError, forced_vector_path, kernel_paths, load, vector_path, vector_paths,
+    )
 
     try:
         load()
@@ -380,7 +382,7 @@ def run(inp: OracleInput) -> OracleResult:
     quant_k = sorted(set(BASE_K) | set(WIDE_K) | {k + dk for k in own if k % BLOCK == 0 for dk in (-BLOCK, 0, BLOCK)
                                                    if k + dk > 0})
     f32_k = sorted(set(F32_K) | set(BASE_K) | {k + dk for k in own for dk in (-1, 0, 1) if k + dk > 0})
-    chosen = vector_path()
+    chosen, measured = vector_path(), kernel_paths()
     by_path: dict[str, _Tally] = {}
     with torch.no_grad():
         for path in vector_paths():  # every path this CPU runs, each kernel on the paths it has
@@ -397,14 +399,15 @@ def run(inp: OracleInput) -> OracleResult:
             worst[kernel] = max(worst.get(kernel, 0.0), ratio)
     failures = [f"[{path}] {text}" for path, tally in by_path.items() for text in tally.failures.values()]
     metric = {"cases": sum(sum(t.cases.values()) for t in by_path.values()), "vector_path": chosen,
-              "vector_paths": list(by_path),
+              "vector_paths": list(by_path), "kernel_paths": measured,
               "worst_ratio": {k: float(f"{v:.3g}") for k, v in worst.items()},
               "worst_ratio_by_path": {path: {k: float(f"{v:.3g}") for k, v in t.worst.items()}
                                       for path, t in by_path.items()},
               "quant_k": quant_k, "f32_k": f32_k}
     detail = ("error/bound ratio <= 1 per output, bounds derived from each kernel's arithmetic "
               f"(module docstring); {metric['cases']} cases on the paths {', '.join(by_path)} "
-              f"(each kernel on the paths it has; {chosen} is the one decode takes)")
+              f"(each kernel on the paths it has; decode takes {chosen}, "
+              + ", ".join(f"{k} {p}" for k, p in measured.items()) + " as measured)")
     if failures:
         detail = "failed: " + "; ".join(failures) + f"; {detail}"
     return OracleResult(name=NAME, passed=not failures, metric=metric, tolerance=None, detail=detail)

@@ -8,6 +8,7 @@ are reported as unavailable, never silently dropped.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import functools
 import os
 import time
@@ -103,7 +104,9 @@ def _file_type(path: Optional[Path]) -> str:
 
 
 def quantized_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
-    """fuelpipe rows on the same checkpoint packed at load, one model per kind (see PeersConfig.quantized)."""
+    """fuelpipe rows on the same checkpoint packed at load, one model per kind (see PeersConfig.quantized),
+    each on every kernel vector path of ``vector_paths`` (see PeersConfig.vector_paths)."""
+    from fuelpipe.kernels.build import vector_paths
     from fuelpipe.quant.formats import QuantKind, QuantSpec
     from fuelpipe.runner.assemble import build_model
 
@@ -115,9 +118,12 @@ def quantized_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
         default = cfg.weights.activations.value if kind in ("int8", "int4") else "auto"
         spec = QuantSpec(QuantKind(kind), int(cfg.weights.group_size), activations or default)
         model = build_model(cfg.model, asm.device, seed=cfg.model.seed, quant=spec)
-        for backend in p.quantized_backends:
-            s = FuelpipeSystem(model, dataclasses.replace(asm.setup.backend, name=backend), "plan_once", kv)
-            s.name, s.weights = f"{s.name} {spec.label()}", spec.label()
+        for backend, path in itertools.product(p.quantized_backends, list(p.vector_paths) or [None]):
+            s = FuelpipeSystem(model, dataclasses.replace(asm.setup.backend, name=backend), "plan_once", kv,
+                               vector_path=path)
+            s.name, s.weights = f"{s.name} {spec.label()}" + (f" @{path}" if path else ""), spec.label()
+            if path and path not in vector_paths():
+                s.missing = f"this CPU or build has no {path} path (it runs {', '.join(vector_paths())})"
             out.append(s)
     return out
 

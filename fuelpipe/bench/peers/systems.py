@@ -8,6 +8,7 @@ reports build and compile costs, kept apart from per-token time.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Optional
 
@@ -38,11 +39,21 @@ class PeerSystem:
         return {}
 
 
+def _kernel_path(path: Optional[str]):
+    if path is None:
+        return contextlib.nullcontext()
+    from fuelpipe.kernels.build import forced_vector_path
+
+    return forced_vector_path(path)
+
+
 class FuelpipeSystem(PeerSystem):
     group = "fuelpipe"
 
-    def __init__(self, model, backend: BackendSpec, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None) -> None:
+    def __init__(self, model, backend: BackendSpec, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None,
+                 vector_path: Optional[str] = None) -> None:
         self.model, self.backend, self.plan, self.kv = model, backend, plan, kv
+        self.vector_path = vector_path  # the kernels' path forced while this row runs (None: their own choice)
         self.name = f"fuelpipe {backend.name} {plan} {kv.layout}"
         self.max_new_tokens = max_new_tokens
         self.ctx = InferenceContext(model, backend, PlanMode.parse(plan))
@@ -50,8 +61,9 @@ class FuelpipeSystem(PeerSystem):
     def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
         clock = TokenClock()
         cache = self.kv.new_cache(self.ctx, len(prompt) + new_tokens - 1)  # a new allocation per request
-        clock.start()
-        self.ctx.generate(prompt, new_tokens, cache=cache, on_token=clock.token)
+        with _kernel_path(self.vector_path):
+            clock.start()
+            self.ctx.generate(prompt, new_tokens, cache=cache, on_token=clock.token)
         return clock.trace()
 
     def details(self) -> dict:

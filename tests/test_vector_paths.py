@@ -182,12 +182,15 @@ def test_a_path_this_cpu_cannot_run_is_a_typed_error_naming_the_value_and_the_ch
 
 
 def test_a_forced_path_is_restored_after_the_block_even_on_error():
-    before = vector_path()
+    before, measured = vector_path(), kernel_paths()
     with pytest.raises(ZeroDivisionError):
         with forced_vector_path("scalar"):
             assert vector_path() == "scalar"
             1 / 0
     assert vector_path() == before
+    with forced_vector_path(vector_paths()[-1]):  # forcing the best path overrides the measured choices ...
+        assert set(kernel_paths().values()) == {vector_paths()[-1]}
+    assert kernel_paths() == measured  # ... and leaving the block gives them back
 
 
 def test_the_environment_forces_a_path_and_a_bad_one_is_a_config_error_at_load():

@@ -213,8 +213,9 @@ def kernel_paths() -> dict[str, str]:
 
 
 def set_vector_path(name: str) -> str:
-    """Forces a path (``auto``: the best); returns the one taken before. Process-wide: kernels already in a
-    held plan take it from their next call. A path this CPU or build lacks is a ``KernelPathError``."""
+    """Forces a path (``auto``: the best, each measured kernel on its measured path); returns the setting
+    before (a path, or ``auto``). Process-wide: kernels already in a held plan take it from their next call.
+    A path this CPU or build lacks is a ``KernelPathError``."""
     load()
     return _set(name)
 

@@ -67,10 +67,12 @@ std::string kernel_path(const std::string& kernel) {
   return fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())];
 }
 
-// Forces a path by name ("auto": the best this CPU runs); returns the path chosen before. A name this
+// Forces a path by name ("auto": the best this CPU runs, each measured kernel on its measured path); returns
+// the setting before (a path's name, or "auto"), so restoring it restores the measured choices too. A name this
 // build or CPU cannot run is refused, naming the value and the choices.
 std::string set_vector_path(const std::string& name) {
-  const std::string before = fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())];
+  const std::string before =
+      fuelpipe_isa::forced.load() ? fuelpipe_isa::kNames[static_cast<int>(fuelpipe_isa::current())] : "auto";
   if (name == "auto") {
     fuelpipe_isa::chosen.store(static_cast<int>(fuelpipe_isa::best()));
     fuelpipe_isa::forced.store(false);

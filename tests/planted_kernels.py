@@ -44,7 +44,7 @@ BUGS = {
     ),
     # The same on the AVX-512 path only (a CPU without AVX-512 neither compiles nor runs it: skipped there).
     "odd_block_dropped_avx512": (
-        f"{KERNELS}/quant_a16.cpp",
+        f"{KERNELS}/quant_a16_avx512.h",
         "    if (b < nb) a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(",
         "    if (b + 1 < nb) a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(",
         ("weights.dtype=int8",),

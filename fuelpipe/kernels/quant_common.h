@@ -71,6 +71,31 @@ inline float dot_f32(const float* a, const float* b, int64_t K) {
   return s;
 }
 
+// ---- 16-bit activations: the block every path works in ---------------------------------------------
+
+constexpr int64_t kBlock = 32;
+
+// Weights are read once per token, straight from DRAM: each row loop asks for the bytes 1 KiB ahead.
+// Measured here (AMD EPYC, one process, interleaved): int8 rows 0.87-0.88x the time without it; 256 and
+// 512 bytes helped less, 2-4 KiB no more.
+constexpr int64_t kPrefetchBytes = 1024;
+
+#ifdef FUELPIPE_HAS_AVX2
+// sc[b] = w_scale[b] * dx[b] for the nb blocks of one row (group size 32).
+template <typename S>
+inline void block_scales(const S* s, const float* dx, int64_t nb, float* sc) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256 w;
+    if constexpr (std::is_same_v<S, float>) w = _mm256_loadu_ps(s + b);
+    else w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b)));
+    _mm256_store_ps(sc + b, _mm256_mul_ps(w, _mm256_loadu_ps(dx + b)));
+  }
+  for (; b < nb; ++b) sc[b] = to_f32(s[b]) * dx[b];
+}
+
+#endif
+
 // ---- argument checks ------------------------------------------------------------------------------
 
 inline void check_common(const char* op, const at::Tensor& x, int64_t K, int64_t N, const c10::optional<at::Tensor>& bias) {

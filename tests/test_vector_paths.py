@@ -111,7 +111,11 @@ def test_every_path_computes_the_16_bit_product_row_by_row_at_any_thread_count(k
     for path in vector_paths():
         with forced_vector_path(path):
             assert vector_path() == path
-            got = _a16(kind, p, x)
+            try:
+                torch.set_num_threads(2)
+                got = _a16(kind, p, x)
+            finally:
+                torch.set_num_threads(before)
             assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5, path
             assert all(torch.equal(got[i], _a16(kind, p, x[i:i + 1])[0]) for i in range(5)), path
             try:
@@ -202,3 +206,9 @@ def test_the_environment_forces_a_path_and_a_bad_one_is_a_config_error_at_load()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "KernelPathError" in out.stderr and PATH_ENV in out.stderr and "sse9" in out.stderr
+    again = ("from fuelpipe.kernels.build import KernelPathError, load\n"
+             "for _ in range(2):\n"
+             "    try:\n        load(); print('loaded')\n"
+             "    except KernelPathError:\n        print('refused')")
+    out = subprocess.run([sys.executable, "-c", again], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["refused", "refused"], out.stdout + out.stderr[-2000:]  # never silently on auto

@@ -102,6 +102,7 @@ def load() -> str:
         if digest in _LOADED:
             return _LOADED[digest]
         if hasattr(torch.ops, LIBRARY) and _has_ops():
+            _choose_paths(cache_root() / digest)  # e.g. after a bad $FUELPIPE_KERNEL_PATH: refused again
             _LOADED[digest] = "already loaded"
             _READY.append(_LOADED[digest])
             return _LOADED[digest]
@@ -113,13 +114,15 @@ def load() -> str:
         if built.is_file():  # built before for this source, torch and machine: load it (ms, not ninja's ~3 s check)
             try:
                 torch.ops.load_library(str(built))
-                _LOADED[digest] = str(built)
+                loaded = True
+            except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
+                loaded = False
+            if loaded:
                 _register_fakes()
-                _choose_paths(folder)
+                _choose_paths(folder)  # a bad $FUELPIPE_KERNEL_PATH raises here, before the library counts as ready
+                _LOADED[digest] = str(built)
                 _READY.append(_LOADED[digest])
                 return _LOADED[digest]
-            except (OSError, RuntimeError):  # a damaged or half-written file: rebuild below
-                pass
         log.info("phase: kernel build: compiling fuelpipe's C++ kernels into %s (once per machine and source; "
                  "about 15 s on 2 cores)", folder)
         try:
@@ -133,9 +136,9 @@ def load() -> str:
             raise KernelBuildError(
                 f"could not build fuelpipe's kernels from {', '.join(p.name for p in SOURCES)} in {folder}: "
                 f"{type(e).__name__}: {str(e)[-2000:]}") from e
-        _LOADED[digest] = str(path)
         _register_fakes()
         _choose_paths(folder)
+        _LOADED[digest] = str(path)
         _READY.append(_LOADED[digest])
         return _LOADED[digest]
 
@@ -173,8 +176,14 @@ def _has_ops() -> bool:
         return False
 
 
+_FAKES: list[bool] = []  # registered in this process (a second registration is an error in torch)
+
+
 def _register_fakes() -> None:
     """Shape functions, so fx tracing with fake tensors, dynamo and inductor see the operators' outputs."""
+    if _FAKES:
+        return
+    _FAKES.append(True)
 
     def out(x, n):
         return x.new_empty((*x.shape[:-1], n))

@@ -50,6 +50,7 @@ def measure(paths: list[str]) -> dict:
     torch.set_num_threads(1)
     ops = torch.ops.fuelpipe_kernels
     out: dict = {"best": {}, "ms_per_layer": {}, "threads": 1, "layers": LAYERS, "layer": [list(s) for s in LAYER]}
+    restore = ops.set_vector_path("auto")  # the setting before (a forced path, or "auto"), put back after
     try:
         for kernel, kind in zip(MEASURED, (QuantKind.int8, QuantKind.int4)):
             layers = [[_random_packed(kind, n, k, gen) for n, k in LAYER] for _ in range(LAYERS)]
@@ -76,7 +77,7 @@ def measure(paths: list[str]) -> dict:
             out["ms_per_layer"][kernel] = {p: round(v, 4) for p, v in ms.items()}
             out["best"][kernel] = min(ms, key=ms.get)
     finally:
-        ops.set_vector_path("auto")
+        ops.set_vector_path(restore)
         torch.set_num_threads(before)
     log.info("kernel paths measured: %s", out["best"])
     return out

@@ -287,7 +287,8 @@ at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10:
   if (q4_order) permute_for_q4(xq.data(), M * K);
 #endif
   float* op = out.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->contiguous().data_ptr<float>() : nullptr;
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();  // kept alive for the pointer
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   auto one_row = [&](int64_t n) {
     for (int64_t m = 0; m < M; ++m) {
       float v = row_fn(n, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb);

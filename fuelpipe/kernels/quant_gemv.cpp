@@ -267,7 +267,8 @@ at::Tensor run_rows(const at::Tensor& x_in, int64_t N, int64_t K, const c10::opt
   const int64_t M = x.numel() / K;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->contiguous().data_ptr<float>() : nullptr;
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();  // kept alive for the pointer
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> row(M > 1 ? K : 0);
     for (int64_t n = begin; n < end; ++n) {

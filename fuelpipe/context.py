@@ -17,12 +17,12 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
-from fuelpipe.driver import HeldPlan, PlanMode, step_kind_for
+from fuelpipe.driver import HeldPlan, PlanMode
 from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.faults import Fault
-from fuelpipe.kv.batch import BatchKvCache, BatchLatentCache, PagedBatch
+from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.contiguous import ContiguousKvCache
-from fuelpipe.kv.latent import LatentKvCache
+from fuelpipe.kv.layout import layout_named, layout_of, signature_for
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.kv.sizes import check_size
 from fuelpipe.plan.backends import BACKENDS, BackendSpec
@@ -31,7 +31,7 @@ from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_h
 from fuelpipe.rope import RopePlan, rope_tables
 from fuelpipe.sampling import Sampler, greedy
 from fuelpipe.threads import ThreadGovernor
-from fuelpipe.step import step_args, step_module_for
+from fuelpipe.step import step_module_for
 
 
 @dataclass
@@ -111,7 +111,7 @@ class InferenceContext:
         if self.plan.fault is not Fault.STALE_ROPE:  # the negative control keeps serving the old rows
             self._tables = None
 
-    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None:
             self._tables = rope_tables(self._rope_plan, self.model.dims.max_position_embeddings)
         return self._tables
@@ -127,7 +127,7 @@ class InferenceContext:
         d = self.model.dims
         return KvBlockPool(d.n_layers, d.n_kv_heads, d.head_dim, num_blocks, block_size, dtype or self.dtype, self.device)
 
-    def _positions(self, what: str, max_seq_len: int) -> int:
+    def check_positions(self, what: str, max_seq_len: int) -> int:
         """``max_seq_len`` checked: a positive int within the model's max_position_embeddings."""
         limit = self.model.dims.max_position_embeddings
         max_seq_len = check_size(what, "max_seq_len", max_seq_len)
@@ -135,77 +135,40 @@ class InferenceContext:
             raise ConfigError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {limit}")
         return max_seq_len
 
+    def own_layout(self):
+        """The layout this model decodes from by default: latent for an MLA family, else contiguous."""
+        return layout_named("latent" if self.model.latent_slots is not None else "contiguous")
+
     def new_cache(self, max_seq_len: int, dtype: Optional[torch.dtype] = None) -> ContiguousKvCache:
-        d = self.model.dims
-        max_seq_len = self._positions("new_cache", max_seq_len)
-        if self.model.latent_slots is not None:
-            return LatentKvCache(d.n_layers, self.model.latent_slots, max_seq_len, dtype or self.dtype, self.device)
-        return ContiguousKvCache.with_capacity(
-            d.n_layers, d.n_kv_heads, d.head_dim, max_seq_len, dtype or self.dtype, self.device
-        )
+        return self.own_layout().new_cache(self, None, max_seq_len, dtype)
 
     def new_batch_cache(self, max_batch: int, max_seq_len: int, dtype: Optional[torch.dtype] = None):
         """A batch-slot cache of ``max_batch`` sequences x ``max_seq_len`` positions (latent for MLA families)."""
-        d = self.model.dims
-        max_seq_len = self._positions("new_batch_cache", max_seq_len)
-        if self.model.latent_slots is not None:
-            return BatchLatentCache(d.n_layers, self.model.latent_slots, max_batch, max_seq_len, dtype or self.dtype,
-                                    self.device)
-        return BatchKvCache(d.n_layers, d.n_kv_heads, d.head_dim, max_batch, max_seq_len, dtype or self.dtype,
-                            self.device)
+        return self.own_layout().new_batch(self, None, max_batch, max_seq_len, dtype)
 
     def new_paged_batch(self, pool: KvBlockPool, max_batch: int, max_blocks_cap: int) -> PagedBatch:
         """Up to ``max_batch`` sequences of ``pool``, each with a block table of ``max_blocks_cap`` entries."""
-        self._check_cache(pool.sequence(1))
+        self.check_cache(pool.sequence(1))
         return PagedBatch(pool, max_batch, max_blocks_cap)
 
     # ---- steps ---------------------------------------------------------------------------
-    def _check_batch_cache(self, kv) -> None:
-        """A batch cache must have the layout this model writes (checked on a slot's single-sequence view)."""
-        if not all(hasattr(kv, a) for a in ("acquire", "release", "owns", "row_indices", "max_rows")):
+    def check_batch_cache(self, kv) -> None:
+        """A batch cache (``ctx.new_batch_cache``, ``ctx.new_paged_batch``) of a layout this model decodes from."""
+        if not getattr(kv, "batched", False) or not all(
+                hasattr(kv, a) for a in ("acquire", "release", "owns", "row_indices", "max_rows")):
             raise ConfigError(f"a batch decode needs a batch cache (ctx.new_batch_cache, ctx.new_paged_batch), "
                               f"got {type(kv).__name__}")
-        if isinstance(kv, PagedBatch):
-            self._check_cache(kv)  # a PagedBatch shows the pool's geometry like a sequence does (PoolFacing)
-            return
-        m, d = self.model, self.model.dims
-        if kv.dtype != self.dtype:
-            raise ConfigError(f"cache dtype {kv.dtype} must equal the model's {self.dtype}")
-        if m.latent_slots is not None:
-            if not isinstance(kv, BatchLatentCache) or kv.slot_trailing != m.latent_slots:
-                raise ConfigError(f"{m.family} needs a batch latent cache with slots {m.latent_slots}")
-            return
-        if not isinstance(kv, BatchKvCache):
-            raise ConfigError(f"{m.family} is not an MLA family: a batch latent cache cannot serve it")
-        if (kv.n_layers, kv.n_kv_heads, kv.head_dim) != (d.n_layers, d.n_kv_heads, d.head_dim):
-            raise ConfigError(
-                f"cache geometry (layers, kv heads, head_dim) = {(kv.n_layers, kv.n_kv_heads, kv.head_dim)} "
-                f"does not match the model's {(d.n_layers, d.n_kv_heads, d.head_dim)}"
-            )
+        self.check_cache(kv)
 
-    def _check_cache(self, cache) -> None:
-        """The cache must have the layout this model writes; refuse before anything runs."""
-        m, d = self.model, self.model.dims
+    def check_cache(self, cache) -> None:
+        """The cache must have a layout and geometry this model decodes from; refuse before anything runs."""
+        layout = layout_of(cache)
         if cache.dtype != self.dtype:
             raise ConfigError(f"cache dtype {cache.dtype} must equal the model's {self.dtype}")
-        if m.latent_slots is not None:
-            if cache.step_kind != "latent" or cache.slot_trailing != m.latent_slots:
-                raise ConfigError(
-                    f"{m.family} needs a latent cache with slots {m.latent_slots}, got a {cache.step_kind} cache"
-                    + (f" with slots {cache.slot_trailing}" if cache.step_kind == "latent" else "")
-                )
-            return
-        if cache.step_kind == "latent":
-            raise ConfigError(f"{m.family} is not an MLA family: a latent cache cannot serve it (use contiguous or paged)")
-        holder = cache.pool if cache.step_kind == "paged" else cache
-        if (holder.n_layers, holder.n_kv_heads, holder.head_dim) != (d.n_layers, d.n_kv_heads, d.head_dim):
-            raise ConfigError(
-                f"cache geometry (layers, kv heads, head_dim) = {(holder.n_layers, holder.n_kv_heads, holder.head_dim)} "
-                f"does not match the model's {(d.n_layers, d.n_kv_heads, d.head_dim)}"
-            )
+        layout.check_cache(self.model, cache)
 
     def _host(self, cache, token_ids: torch.Tensor) -> TokenHostData:
-        self._check_cache(cache)
+        self.check_cache(cache)
         if token_ids.dim() != 2 or token_ids.shape[0] != 1 or token_ids.shape[1] < 1:
             raise InputError(f"token_ids must have shape [1, T>=1], got {list(token_ids.shape)}")
         vocab = self.model.dims.vocab_size
@@ -219,14 +182,14 @@ class InferenceContext:
                 f"{self.model.dims.max_position_embeddings}"
             )
         cache.check_room(start, n)  # a paged sequence allocates its blocks here, atomically
-        cos, sin = self._rope_tables()
+        cos, sin = self.rope_tables()
         return compute_token_host(
             token_ids.to(torch.int64), cos, sin, self.model.mask_plan, start, cache.width, self.dtype,
             write_index=cache.write_index(start, n), block_table=cache.block_table(),
         )
 
-    def _prefill_step(self, kind: str):
-        return self.prefill_plans.step(self.model, kind, lambda: step_module_for(self.model, kind))
+    def _prefill_step(self, signature):
+        return self.prefill_plans.step(self.model, signature.name, lambda: step_module_for(self.model, signature))
 
     @torch.no_grad()
     def prefill(self, cache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -234,10 +197,10 @@ class InferenceContext:
         the eager step on the eager backend). Returns last logits [1, vocab] f32."""
         ids = _as_ids(token_ids)
         host = self._host(cache, ids)
-        kind = step_kind_for(cache, self.offset_mode)
+        signature = signature_for(cache, self.offset_mode)
         buffers = StepBuffers(host, self.dtype, self.device)
         buffers.load(host)
-        logits = self._prefill_step(kind)(*step_args(kind, buffers, host, cache.bound_tensors()))
+        logits = self._prefill_step(signature)(*signature.arguments(buffers, host, cache.bound_tensors()))
         cache.advance(ids.shape[1])
         cache.bump_all_versions()
         return logits
@@ -341,7 +304,7 @@ class InferenceContext:
             raise InputError(
                 f"generate: needs {need} free positions, cache has {cache.max_seq_len} - {cache.cached_len} used"
             )
-        self._check_cache(cache)
+        self.check_cache(cache)
         cache.reserve(start + need)  # all or nothing, before the prefill writes anything
         if result is None:
             result = GenerationResult(prompt, [])

@@ -29,6 +29,7 @@ from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
 from fuelpipe.plan.weights_identity import WeightsIdentity, pin_weights, weights_identity
+from fuelpipe.kv.layout import StepSignature, signature_for
 from fuelpipe.step import step_module_for
 
 
@@ -70,17 +71,6 @@ class PlanStats:
         return sum(self.cache_statuses.values()) - self.cache_hits
 
 
-def step_kind_for(cache, offset_mode: str) -> str:
-    """A contiguous cache uses the offset path; a paged one its own step, on that path; latent its own."""
-    if cache.step_kind == "contiguous":
-        return offset_mode
-    if cache.step_kind == "paged" and offset_mode == "symbol":
-        return "paged_symbol"  # attends the live blocks only
-    if cache.step_kind == "batch" and offset_mode == "symbol":
-        return "batch_symbol"  # attends the longest row's prefix only
-    return cache.step_kind
-
-
 def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:
     """The key the live (model, cache, step) would need a plan to have.
 
@@ -101,7 +91,7 @@ def build_session(
     backbone: DecodeBackbone,
     cache,
     spec: BackendSpec,
-    step_kind: str,
+    signature: StepSignature,
     host: TokenHostData,
     key: PlanKey,
     fault: Fault = Fault.NONE,
@@ -113,8 +103,8 @@ def build_session(
         spec = dataclasses.replace(spec, misbind_constants=True)
     if fault is Fault.PLAN_CACHE_IGNORES_WEIGHTS:
         spec = dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
-    step = step_module_for(backbone, step_kind, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
-    program = build_program(spec, step, step_kind)
+    step = step_module_for(backbone, signature, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
+    program = build_program(spec, step, signature.name)
     device = cache.bound_tensors()[0].device
     buffers = StepBuffers(host, cache.dtype, device)
     return DecodeSession(
@@ -123,7 +113,7 @@ def build_session(
         cache.bound_tensors(),
         cache.device_location,
         buffers,
-        step_kind,
+        signature,
         stale_offset=fault is Fault.STALE_OFFSET,
         weights_pin=pin_weights(backbone),
         partial_rebind=fault is Fault.PARTIAL_REBIND,
@@ -148,8 +138,8 @@ class HeldPlan:
 
     def _build_and_run(self, backbone, cache, host, key) -> torch.Tensor:
         t0 = time.perf_counter()
-        kind = step_kind_for(cache, self.offset_mode)
-        session = build_session(backbone, cache, self.spec, kind, host, key, self.fault)
+        signature = signature_for(cache, self.offset_mode)  # the cache's layout owns its step
+        session = build_session(backbone, cache, self.spec, signature, host, key, self.fault)
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0

@@ -1,8 +1,9 @@
 """The decode step every family runs: embed, per-layer apply, final norm + head.
 
-One function, ``run_step``, for all families and both offset paths. The two
-``nn.Module`` wrappers only fix the program's input signature so a backend
-(fx / inductor) sees stable, re-bindable inputs:
+One function, ``run_step``, for all families and every KV layout, and one ``nn.Module``,
+``Step``, built from a layout's ``StepSignature`` (``fuelpipe.kv.layout``): the signature fixes
+the program's inputs so a backend (fx / inductor / aot) sees stable, re-bindable tensors, and
+makes the per-layer KV views from them. The inputs a signature may name:
 
     token_ids  [B, T]                      int64
     rope_cos   [n_rope_specs, B, T, rot]   model dtype
@@ -31,13 +32,13 @@ written in place.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from fuelpipe.backbone import DecodeBackbone, LayerInputs
-from fuelpipe.kv.batch_views import LatentSlotKv, SlotKv, SlotPrefixKv
-from fuelpipe.kv.packed_views import PackedLatentKv, PackedPagedKv, PackedSlotKv
-from fuelpipe.kv.views import LatentKv, PagedKv, PagedPrefixKv, SymbolOffsetKv, TensorOffsetKv
+from fuelpipe.kv.layout import COMMON_INPUTS, StepSignature, signature_named
 
 
 def run_step(
@@ -77,165 +78,48 @@ def last_positions(h: torch.Tensor, last_index: torch.Tensor | None) -> torch.Te
 torch.fx.wrap("last_positions")
 
 
-class _Step(nn.Module):
-    """What every step signature shares: the backbone, and how its KV views treat masked slots."""
+class Step(nn.Module):
+    """A decode step with one signature's inputs: ``forward(token_ids, rope_cos, rope_sin, mask, *inputs, kv)``.
 
-    def __init__(self, backbone: DecodeBackbone, *, keep_masked_garbage: bool = False) -> None:
+    ``forward`` is written per signature (``_step_class``) so tracing sees one named placeholder per input.
+    """
+
+    def __init__(self, backbone: DecodeBackbone, signature: StepSignature, *, keep_masked_garbage: bool = False
+                 ) -> None:
         super().__init__()
         self.backbone = backbone
+        self.signature = signature
         self.keep_masked_garbage = keep_masked_garbage  # True only under the UNSAFE_MASKED_SLOTS fault
 
-    def _run(self, token_ids, rope_cos, rope_sin, mask, views: list, last_index=None) -> torch.Tensor:
+    def run(self, token_ids, rope_cos, rope_sin, mask, named: list, kv: list) -> torch.Tensor:
+        inputs = dict(zip(self.signature.inputs, named))
+        views = self.signature.views(self.backbone, inputs, kv)
         live_memo: dict = {}  # one per call: each mask's live slots computed once for all layers
         for view in views:
             view.live_memo = live_memo
             if self.keep_masked_garbage:
                 view.keep_masked_garbage = True
-        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views, last_index)
+        return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views, inputs.get("last_index"))
 
 
-class TensorOffsetStep(_Step):
-    """Step program signature for the device-offset path (offset is a tensor input)."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
-        views = [TensorOffsetKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class SymbolOffsetStep(_Step):
-    """Step program signature for the symbol path (offsets are per-pass host integers)."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, cached_len: int, attended_len: int, kv):
-        views = [
-            SymbolOffsetKv(kv[2 * i], kv[2 * i + 1], cached_len, attended_len)
-            for i in range(self.backbone.dims.n_layers)
-        ]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+@functools.lru_cache(maxsize=None)
+def _step_class(inputs: tuple[str, ...]) -> type:
+    """The ``Step`` subclass whose ``forward`` takes exactly these inputs (after the common four, before kv)."""
+    params = ", ".join(COMMON_INPUTS + inputs + ("kv",))
+    source = (f"def forward(self, {params}):\n"
+              f"    return self.run({', '.join(COMMON_INPUTS)}, [{', '.join(inputs)}], kv)\n")
+    namespace: dict = {}
+    exec(source, {}, namespace)  # a signature with named parameters, as namedtuple writes its __new__
+    return type("Step_" + "_".join(inputs), (Step,), {"forward": namespace["forward"]})
 
 
-class PagedStep(_Step):
-    """Step program signature for a paged pool: flattened write offsets plus the padded block table."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, kv):
-        d = self.backbone.dims
-        views = [
-            PagedKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim)
-            for i in range(d.n_layers)
-        ]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
+def step_module_for(backbone: DecodeBackbone, signature: StepSignature | str, *,
+                    keep_masked_garbage: bool = False) -> nn.Module:
+    sig = signature if isinstance(signature, StepSignature) else signature_named(signature)
+    return _step_class(sig.inputs)(backbone, sig, keep_masked_garbage=keep_masked_garbage)
 
 
-class PagedPrefixStep(_Step):
-    """Paged pool on the symbol path: also takes the live length, and attends only the live blocks."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, block_table, attended_len: int, kv):
-        d = self.backbone.dims
-        views = [
-            PagedPrefixKv(kv[2 * i], kv[2 * i + 1], write_index, block_table, d.n_kv_heads, d.head_dim, attended_len)
-            for i in range(d.n_layers)
-        ]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class LatentStep(_Step):
-    """Step program signature for a latent (MLA) cache: tensor write offsets, two slots per layer."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, kv):
-        views = [LatentKv(kv[2 * i], kv[2 * i + 1], write_index) for i in range(self.backbone.dims.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class BatchSlotStep(_Step):
-    """Batch-slot cache, tensor-offset path: each row writes (slot_ids[b], write_index[b]) and attends its slot."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, kv):
-        views = [SlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids) for i in range(self.backbone.dims.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class BatchSlotPrefixStep(_Step):
-    """Batch-slot cache on the symbol path: also takes the longest row's length, and attends only that prefix."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, attended_len: int, kv):
-        views = [
-            SlotPrefixKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids, attended_len)
-            for i in range(self.backbone.dims.n_layers)
-        ]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class BatchLatentStep(_Step):
-    """Batch-slot latent (MLA) cache: tensor write offsets per row, two latent slots per layer."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, kv):
-        views = [
-            LatentSlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids) for i in range(self.backbone.dims.n_layers)
-        ]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views)
-
-
-class PackedSlotStep(_Step):
-    """Packed prompts into a batch-slot cache: token n writes (slot_ids[n], write_index[n])."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, last_index, kv):
-        views = [PackedSlotKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids)
-                 for i in range(self.backbone.dims.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
-
-
-class PackedPagedStep(_Step):
-    """Packed prompts into a paged pool: token n writes the flattened offset write_index[n]."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, last_index, kv):
-        d = self.backbone.dims
-        views = [PackedPagedKv(kv[2 * i], kv[2 * i + 1], write_index, d.n_kv_heads, d.head_dim)
-                 for i in range(d.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
-
-
-class PackedLatentStep(_Step):
-    """Packed prompts into a batch-slot latent (MLA) cache."""
-
-    def forward(self, token_ids, rope_cos, rope_sin, mask, write_index, slot_ids, last_index, kv):
-        views = [PackedLatentKv(kv[2 * i], kv[2 * i + 1], write_index, slot_ids)
-                 for i in range(self.backbone.dims.n_layers)]
-        return self._run(token_ids, rope_cos, rope_sin, mask, views, last_index)
-
-
-STEP_KINDS = {
-    "tensor": TensorOffsetStep,
-    "symbol": SymbolOffsetStep,
-    "paged": PagedStep,
-    "paged_symbol": PagedPrefixStep,
-    "latent": LatentStep,
-    "batch": BatchSlotStep,
-    "batch_symbol": BatchSlotPrefixStep,
-    "batch_latent": BatchLatentStep,
-    "packed_batch": PackedSlotStep,
-    "packed_paged": PackedPagedStep,
-    "packed_latent": PackedLatentStep,
-}
-# The packed prompt step of each batch cache kind.
-PACKED_KIND_OF = {"batch": "packed_batch", "paged": "packed_paged", "batch_latent": "packed_latent"}
-# Step kinds that take per-pass host integers (compiled with symbolic sizes by inductor).
-SYMBOLIC_KINDS = ("symbol", "paged_symbol", "batch_symbol")
-
-
-def step_module_for(backbone: DecodeBackbone, step_kind: str, *, keep_masked_garbage: bool = False) -> nn.Module:
-    return STEP_KINDS[step_kind](backbone, keep_masked_garbage=keep_masked_garbage)
-
-
-def step_args(step_kind: str, buffers, host, kv: list) -> tuple:
+def step_args(signature: StepSignature | str, buffers, host, kv: list) -> tuple:
     """The program's positional arguments for one call, in its signature's order."""
-    b = buffers
-    if step_kind in ("tensor", "latent"):
-        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, kv)
-    if step_kind == "symbol":
-        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, host.cached_len, host.attended_len, kv)
-    if step_kind in ("batch", "batch_latent"):
-        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.slot_ids, kv)
-    if step_kind == "batch_symbol":
-        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.slot_ids, host.attended_len, kv)
-    if step_kind == "paged_symbol":
-        return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, host.attended_len, kv)
-    return (b.token_ids, b.rope_cos, b.rope_sin, b.mask, b.write_index, b.block_table, kv)
+    sig = signature if isinstance(signature, StepSignature) else signature_named(signature)
+    return sig.arguments(buffers, host, kv)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import step_kind_for
+from fuelpipe.kv.layout import signature_for
 from fuelpipe.kv import views
 
 
@@ -20,7 +20,7 @@ TOKENS = [1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
 
 def test_symbol_path_on_a_paged_cache_is_the_live_block_step(tiny_llama):
     ctx, seq, _ = decode_run(tiny_llama, "fx", "symbol", TOKENS[:1])
-    assert step_kind_for(seq, "symbol") == "paged_symbol" and step_kind_for(seq, "tensor") == "paged"
+    assert signature_for(seq, "symbol").name == "paged_symbol" and signature_for(seq, "tensor").name == "paged"
     assert ctx.plan.session.step_kind == "paged_symbol"
 
 

@@ -33,7 +33,7 @@ from fuelpipe.plan.token_data import TokenHostData
 
 class BatchDecoder:
     def __init__(self, ctx: InferenceContext, kv, spec: BatchSpec | int | None = None) -> None:
-        ctx._check_batch_cache(kv)
+        ctx.check_batch_cache(kv)
         spec = BatchSpec(kv.max_rows) if spec is None else spec
         spec = BatchSpec(spec) if isinstance(spec, int) else spec
         if spec.max_batch > kv.max_rows:
@@ -81,7 +81,7 @@ class BatchDecoder:
 
     # ---- one step ------------------------------------------------------------------------
     def _checked(self, rows: Sequence, tokens: Sequence) -> tuple[list, list[int]]:
-        self.ctx._check_batch_cache(self.kv)  # the context may serve another model since (switch_model)
+        self.ctx.check_batch_cache(self.kv)  # the context may serve another model since (switch_model)
         rows, n = list(rows), len(rows)
         if not 1 <= n <= self.spec.max_batch:
             raise InputError(f"a batch step serves 1..batch.max_batch={self.spec.max_batch} rows, got {n}")
@@ -118,7 +118,7 @@ class BatchDecoder:
         if self.fault is Fault.STALE_PADDING_ROW:  # the bug: a padding row keeps its last sequence's slot
             stale = {i: self._last_rows[i] for i in range(len(rows), min(bucket, len(self._last_rows)))
                      if self._last_rows[i] is not None}
-        cos, sin = self.ctx._rope_tables()  # [n_specs, P, rot]
+        cos, sin = self.ctx.rope_tables()  # [n_specs, P, rot]
         where = self.kv.row_indices(padded, positions, stale)
         self._last_rows = [None if r is None else self.kv.slot_of_row(r) for r in padded]
         top = int(positions.max()) + 1

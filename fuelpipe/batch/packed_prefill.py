@@ -36,7 +36,8 @@ from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.paged import KvOutOfBlocksError
 from fuelpipe.masks import MaskPlan, allowed
-from fuelpipe.step import PACKED_KIND_OF, step_module_for
+from fuelpipe.kv.layout import signature_for
+from fuelpipe.step import step_module_for
 
 
 @dataclass(frozen=True)
@@ -125,23 +126,21 @@ def packed_prefill(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence[
     block a paged prompt needs is taken) before anything runs; the rows advance by their prompt
     lengths afterwards.
     """
-    ctx._check_batch_cache(kv)
+    ctx.check_batch_cache(kv)
     rows, prompts = _checked(ctx, kv, rows, prompts)
     packed = pack_prompts(prompts)
     segment = torch.zeros_like(packed.segment) if fault is Fault.PACKED_PREFILL_CROSS_ROWS else packed.segment
-    kind = PACKED_KIND_OF[kv.step_kind]
-    cos, sin = ctx._rope_tables()  # [n_specs, P, rot]
+    signature = signature_for(kv, ctx.offset_mode, packed=True)  # the batch cache's layout owns its packed step
+    cos, sin = ctx.rope_tables()  # [n_specs, P, rot]
     dev, dtype = ctx.device, ctx.dtype
     writes = {k: v.to(dev) for k, v in _writes(kv, rows, prompts).items()}
+    named = dict(writes, last_index=packed.last_index.to(dev))
     args = [packed.token_ids.to(dev),
             cos[:, packed.positions][:, None].to(dev, dtype),  # [n_specs, 1, N, rot]
             sin[:, packed.positions][:, None].to(dev, dtype),
             packed_mask_variants(ctx.model.mask_plan, packed.positions, segment, dtype).to(dev),  # [V, 1, 1, N, N]
-            writes["write_index"]]
-    if "slot_ids" in writes:
-        args.append(writes["slot_ids"])
-    args += [packed.last_index.to(dev), kv.bound_tensors()]
-    program = ctx.prefill_plans.step(ctx.model, kind, lambda: step_module_for(ctx.model, kind))
+            *(named[name] for name in signature.inputs), kv.bound_tensors()]
+    program = ctx.prefill_plans.step(ctx.model, signature.name, lambda: step_module_for(ctx.model, signature))
     logits = program(*args)  # [n, vocab]
     for row, prompt in zip(rows, prompts):
         row.advance(len(prompt))

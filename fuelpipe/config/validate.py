@@ -14,8 +14,9 @@ import torch
 from omegaconf import DictConfig
 
 from fuelpipe.config.keys import unknown_keys
-from fuelpipe.config.schema import Device, KvLayout, PlanModeName, Weights
+from fuelpipe.config.schema import Device, PlanModeName, Weights
 from fuelpipe.errors import ConfigError
+from fuelpipe.kv.layout import KV_LAYOUTS, layout_named, layout_names
 from fuelpipe.plan.fx_passes import FX_PASSES
 from models.registry import build_config, did_you_mean, families
 
@@ -145,24 +146,27 @@ def _checkpoint(m: DictConfig) -> list[str]:
 def _kv(cfg: DictConfig, model_cfg: Optional[Any]) -> list[str]:
     kv, reasons = cfg.kv, []
     entry = families().get(cfg.model.family)
-    if kv.layout is KvLayout.latent and entry is not None and not entry.is_mla:
-        reasons.append(f"kv=latent needs an MLA model family; model.family={cfg.model.family} is not MLA")
-    if kv.layout is not KvLayout.latent and entry is not None and entry.is_mla:
+    if kv.layout not in KV_LAYOUTS:
+        return [did_you_mean("kv layout", kv.layout, layout_names())]
+    layout = layout_named(kv.layout)
+    if layout.for_mla and entry is not None and not entry.is_mla:
+        reasons.append(f"kv={kv.layout} needs an MLA model family; model.family={cfg.model.family} is not MLA")
+    if not layout.for_mla and entry is not None and entry.is_mla:
         reasons.append(
-            f"kv={kv.layout.value} cannot serve the MLA family {cfg.model.family}: it decodes from kv=latent "
+            f"kv={kv.layout} cannot serve the MLA family {cfg.model.family}: it decodes from kv=latent "
             "(an expanded cache would give up MLA's memory saving)"
         )
     for name in ("block_size", "num_blocks"):
         value = getattr(kv, name)
-        if value is not None and kv.layout is not KvLayout.paged:
-            reasons.append(f"kv.{name}={value} applies to kv=paged only, not kv={kv.layout.value}")
+        if value is not None and kv.layout != "paged":
+            reasons.append(f"kv.{name}={value} applies to kv=paged only, not kv={kv.layout}")
     if kv.block_size is not None and kv.block_size < 1:
         reasons.append(f"kv.block_size must be >= 1, got {kv.block_size}")
     need = needed_positions(cfg.experiment)
     if cfg.model.weights is not Weights.random and cfg.experiment.text_prompts:
         need = 0  # text prompts: their length is known once the checkpoint's tokenizer encodes them
     max_seq_len = need if kv.max_seq_len is None else kv.max_seq_len
-    if kv.layout is KvLayout.paged and kv.num_blocks is not None and (kv.block_size or 16) >= 1:
+    if kv.layout == "paged" and kv.num_blocks is not None and (kv.block_size or 16) >= 1:
         blocks = -(-max_seq_len // (kv.block_size or 16))
         if kv.num_blocks < blocks + 1:
             reasons.append(

@@ -51,14 +51,14 @@ QUANTIZED_ROWS = ["bf16", "int8", "int4", "int8:f32", "int4:f32", "int8:int16", 
 def validate(p) -> list[str]:
     from fuelpipe.bench.peers.systems import TransformersSystem
     from fuelpipe.driver import PlanMode
-    from fuelpipe.kv.spec import LAYOUTS
+    from fuelpipe.kv.layout import layout_names
     from fuelpipe.plan.backends import BACKENDS
 
     reasons = []
     for key, values, allowed in (
         ("backends", p.backends, BACKENDS),
         ("plans", p.plans, [m.value for m in PlanMode]),
-        ("kv_layouts", p.kv_layouts, [x for x in LAYOUTS if x != "latent"]),
+        ("kv_layouts", p.kv_layouts, [x for x in layout_names() if x != "latent"]),
         ("transformers", p.transformers, TransformersSystem.MODES),
         ("quantized", p.quantized, QUANTIZED_ROWS),
         ("vector_paths", p.vector_paths, ["scalar", "avx2", "avx_vnni", "avx512"]),

@@ -63,7 +63,8 @@ class _SlotAllocator:
 class _BatchBase:
     """What the batch-slot caches share: slots, identity, residency, the rebind-source protocol."""
 
-    step_kind = ""
+    kv_layout = ""
+    batched = True
     _allocator: _SlotAllocator
     _bound: list[torch.Tensor]
 
@@ -128,6 +129,24 @@ class _BatchBase:
     def slot_of_row(self, handle) -> int:
         return handle.slot
 
+    # ---- what the batch_isolation oracle audits ----------------------------------------------
+    def write_unit(self, row, tensor_index: int) -> tuple[int, int]:
+        """(slot, position) of bound tensor ``tensor_index`` that ``row``'s next step writes."""
+        return row.slot, row.cached_len
+
+    def poison_unwritten(self, live: Sequence, value: float = float("nan")) -> None:
+        """``value`` into every free slot and every position past a live row's length (nothing may read them)."""
+        held = {row.slot for row in live}
+        for t in self._bound:
+            for slot in range(1, self.max_rows + 1):
+                if slot not in held:
+                    t[slot] = value
+            for row in live:
+                if t.dim() == 4:  # K/V [N, Hkv, S, D]
+                    t[row.slot, :, row.cached_len:] = value
+                else:  # latent [N, S, *trailing]
+                    t[row.slot, row.cached_len:] = value
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._bound)
 
@@ -139,7 +158,7 @@ class _BatchBase:
 class BatchKvCache(_BatchBase):
     """Batch-slot contiguous KV (the seeds' ``alloc_batched_kv``) plus one null slot for padding rows."""
 
-    step_kind = "batch"
+    kv_layout = "contiguous"
 
     def __init__(self, n_layers, n_kv_heads, head_dim, n_slots, max_seq_len, dtype=torch.float32, device="cpu"):
         self.n_layers, self.n_kv_heads, self.head_dim, n_slots, self.max_seq_len = (
@@ -199,7 +218,7 @@ class SlotCache(ContiguousKvCache):
 class BatchLatentCache(_BatchBase):
     """Batch-slot latent (MLA) KV: per layer and latent slot ``[n_slots + 1, max_seq_len, *trailing]``."""
 
-    step_kind = "batch_latent"
+    kv_layout = "latent"
 
     def __init__(self, n_layers, slot_trailing, n_slots, max_seq_len, dtype=torch.float32, device="cpu"):
         self.n_layers, n_slots, self.max_seq_len = (
@@ -261,7 +280,8 @@ class PagedBatch(PoolFacing):
     is per-token data. A padding row's table is all null blocks and it writes null block slot 0.
     """
 
-    step_kind = "paged"
+    kv_layout = "paged"
+    batched = True
 
     def __init__(self, pool: KvBlockPool, max_rows: int, max_blocks_cap: int) -> None:
         if not isinstance(pool, KvBlockPool):
@@ -324,6 +344,23 @@ class PagedBatch(PoolFacing):
     def slot_of_row(self, handle) -> torch.Tensor:
         return handle.block_table()[0].clone()
 
+    def write_unit(self, row: PagedSequence, tensor_index: int) -> tuple[int, int]:
+        """(block, offset) ``row``'s next step writes."""
+        bs, p = self.pool.block_size, row.cached_len
+        return row.blocks[p // bs], p % bs
+
+    def poison_unwritten(self, live: Sequence, value: float = float("nan")) -> None:
+        """``value`` into every free block and every offset past a live row's length."""
+        free, bs = self.pool.free_block_ids(), self.pool.block_size
+        for t in self.bound_tensors():
+            if free:
+                t[torch.tensor(free)] = value
+            for row in live:
+                for i, block in enumerate(row.blocks):
+                    start = max(0, row.cached_len - i * bs)
+                    if start < bs:
+                        t[block, start:] = value
+
     def bytes_per_slot(self) -> int:
         """Bytes a sequence holds at full capacity (it owns only the blocks it has grown into)."""
         return self.max_blocks_cap * self.pool.block_size * self.pool.bytes_per_token()
@@ -341,7 +378,7 @@ class BucketView:
 
     def __init__(self, kv, bucket: int, extra_geometry: tuple = ()) -> None:
         self.kv, self.bucket, self._extra = kv, bucket, extra_geometry
-        self.step_kind = kv.step_kind
+        self.kv_layout, self.batched = kv.kv_layout, kv.batched
 
     n_layers = property(lambda self: self.kv.n_layers)
     dtype = property(lambda self: self.kv.dtype)

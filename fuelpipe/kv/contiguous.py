@@ -39,7 +39,8 @@ class KvLayer:
 class ContiguousKvCache:
     """One request's KV allocation for every layer of one model."""
 
-    step_kind = "contiguous"
+    kv_layout = "contiguous"  # fuelpipe.kv.contiguous_layout
+    batched = False
 
     def __init__(
         self,

@@ -18,7 +18,8 @@ from fuelpipe.kv.sizes import check_dtype, check_size
 
 
 class LatentKvCache:
-    step_kind = "latent"
+    kv_layout = "latent"  # fuelpipe.kv.latent_layout
+    batched = False
 
     def __init__(
         self,

@@ -141,7 +141,8 @@ class PoolFacing:
 class PagedSequence(PoolFacing):
     """One request's view of the pool: its block table, length and the plan-facing cache protocol."""
 
-    step_kind = "paged"
+    kv_layout = "paged"  # fuelpipe.kv.paged_layout
+    batched = False
 
     def __init__(self, pool: KvBlockPool, max_blocks_cap: int) -> None:
         max_blocks_cap = check_size("PagedSequence", "max_blocks_cap", max_blocks_cap)

@@ -52,39 +52,6 @@ class _Grid:
             return changed.any(-1).any(1)
         return changed.flatten(2).any(-1)  # latent [N, S, *trailing]
 
-    def unit_of(self, row) -> tuple[int, int]:
-        """(slot or block, position or offset) this live row writes next."""
-        p = row.cached_len
-        if self.paged:
-            bs = self.kv.pool.block_size
-            return row.blocks[p // bs], p % bs
-        return row.slot, p
-
-    def poison(self, live: list) -> None:
-        """NaN into every free slot / block and every position past a live row's length."""
-        nan = float("nan")
-        for t in self.kv.bound_tensors():
-            if self.paged:
-                free = self.kv.pool.free_block_ids()
-                if free:
-                    t[torch.tensor(free)] = nan
-                bs = self.kv.pool.block_size
-                for row in live:
-                    for i, block in enumerate(row.blocks):
-                        start = max(0, row.cached_len - i * bs)
-                        if start < bs:
-                            t[block, start:] = nan
-            else:
-                held = {row.slot for row in live}
-                for slot in range(1, self.kv.max_rows + 1):
-                    if slot not in held:
-                        t[slot] = nan
-                for row in live:
-                    if t.dim() == 4:
-                        t[row.slot, :, row.cached_len:] = nan
-                    else:
-                        t[row.slot, row.cached_len:] = nan
-
     @property
     def null_unit(self) -> int:
         return NULL_BLOCK if self.paged else NULL_SLOT
@@ -100,20 +67,20 @@ def _checked_steps(b, grid: Optional[_Grid], problems: list) -> None:
         rows = list(rows)
         for row in rows:
             row.check_room(row.cached_len, 1)  # a paged row's next block exists before the snapshot
-        grid.poison(rows)
+        grid.kv.poison_unwritten(rows)  # the cache knows which of its units nothing may read
         before = [_bits(t).clone() for t in grid.kv.bound_tensors()]
-        expected = {grid.unit_of(r) for r in rows}
+        expected = [{grid.kv.write_unit(r, i) for r in rows} for i in range(len(before))]
         logits = step(rows, tokens)
         n = b.decoder.steps
         for i, (t, old) in enumerate(zip(grid.kv.bound_tensors(), before)):
             units = grid.units(t, _bits(t) != old)
             units[grid.null_unit] = False  # padding rows write there
             got = {tuple(u) for u in units.nonzero().tolist()}
-            if got - expected:
-                problems.append(f"step {n}, KV tensor {i}: wrote {sorted(got - expected)[:4]} outside the live rows' "
-                                f"write set {sorted(expected)[:4]}")
-            if expected - got:
-                problems.append(f"step {n}, KV tensor {i}: live rows' writes {sorted(expected - got)[:4]} missing")
+            if got - expected[i]:
+                problems.append(f"step {n}, KV tensor {i}: wrote {sorted(got - expected[i])[:4]} outside the live rows' "
+                                f"write set {sorted(expected[i])[:4]}")
+            if expected[i] - got:
+                problems.append(f"step {n}, KV tensor {i}: live rows' writes {sorted(expected[i] - got)[:4]} missing")
         return logits
 
     b.decoder.step = checked

@@ -147,19 +147,32 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     )
 
     k = len(prompt) + j
-    cache.truncate_to(k)
-    check_structure(cache, f"truncate_to({k})")
-    again = held_rows(cache, None, a[j:])
-    checks.rows(f"{tag} truncate_to({k}) and re-decode the same tokens equals the first pass", first[j + 1 :], again)
-    cache.truncate_to(k)
-    alt = held_rows(cache, None, b[:m])
-    checks.rows(
-        f"{tag} truncate_to({k}) and decode other tokens equals a fresh run (the stale tail never leaks)",
-        want_alt[j + 1 :], alt,
-    )
-    account("truncate and rollback", 0)
+    floor = getattr(cache, "rewind_floor", 0)  # a ring cache that has wrapped cannot rewind (kv=ring)
+    if k < floor:
+        before = _state(cache)
+        try:
+            cache.truncate_to(k)
+            refused = False
+        except KvCapacityError:
+            refused = True
+        checks.add(f"{tag} truncate_to({k}) below the cache's rewind floor {floor} refused, nothing changed",
+                   refused and _same_state(_state(cache), before),
+                   f"refused={refused}, cached_len {before[0]} -> {cache.cached_len}")
+    else:
+        cache.truncate_to(k)
+        check_structure(cache, f"truncate_to({k})")
+        again = held_rows(cache, None, a[j:])
+        checks.rows(f"{tag} truncate_to({k}) and re-decode the same tokens equals the first pass", first[j + 1 :],
+                    again)
+        cache.truncate_to(k)
+        alt = held_rows(cache, None, b[:m])
+        checks.rows(
+            f"{tag} truncate_to({k}) and decode other tokens equals a fresh run (the stale tail never leaks)",
+            want_alt[j + 1 :], alt,
+        )
+        account("truncate and rollback", 0)
 
-    reset_name, reset = _RESET.get(cache.step_kind, _DEFAULT_RESET)
+    reset_name, reset = _RESET.get(cache.kv_layout, _DEFAULT_RESET)
     reset(cache)
     check_structure(cache, reset_name)
     changed = _changed_rope(model.rope_plan)
@@ -179,7 +192,7 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     account(f"{reset_name} and a RoPE change", 0)
     held.set_rope_plan(model.rope_plan)
 
-    reuse_name, reuse, rebinds = _REUSE.get(cache.step_kind, _DEFAULT_REUSE)
+    reuse_name, reuse, rebinds = _REUSE.get(cache.kv_layout, _DEFAULT_REUSE)
     old, cache = cache, reuse(cache)
     check_structure(cache, reuse_name, [old] if old is not cache else [])
     got = held_rows(cache, prompt, a[:j] + b[:m])

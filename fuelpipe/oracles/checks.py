@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from fuelpipe.backbone import OFFSET_MODES
-from fuelpipe.driver import step_kind_for
+from fuelpipe.kv.layout import signature_for
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare
 
 
@@ -84,5 +84,5 @@ def offset_paths(inp: OracleInput, probe) -> list[tuple[str, str]]:
         modes = [inp.model.offset_mode] + [m for m in OFFSET_MODES if m != inp.model.offset_mode]
     kinds: dict[str, str] = {}
     for mode in modes:  # a latent cache has one step whatever the offset mode: run it once
-        kinds.setdefault(step_kind_for(probe, mode), mode)
+        kinds.setdefault(signature_for(probe, mode).name, mode)
     return [(mode, kind) for kind, mode in kinds.items()]

@@ -38,7 +38,7 @@ from fuelpipe.errors import PlanError
 from fuelpipe.plan import cache_ledger
 from fuelpipe.plan.plan_cache_key import step_content_key
 from fuelpipe.plan.plan_store import PlanCacheSpec, PlanStore
-from fuelpipe.step import SYMBOLIC_KINDS
+from fuelpipe.kv.layout import signature_named
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,12 @@ class PlanCacheEvent:
 def cacheable(step_kind: str) -> bool:
     """Whether a step kind can be stored: its per-token data must all be tensors.
 
-    The ``symbol`` kinds pass host integers, which a stored plan would bake as constants. The
+    The symbolic signatures (``symbol``, ``paged_symbol``, ``batch_symbol``) pass host integers, which a stored plan would bake as constants. The
     config refuses a plan cache on that path up front; a variant an oracle builds there on its
     own (a cached run's symbol-path comparison) is built uncached (torch.compile on inductor, the
     traced fx step on aot), and its build says so (``PlanCacheEvent.status == "uncacheable"``).
     """
-    return step_kind not in SYMBOLIC_KINDS
+    return not signature_named(step_kind).symbolic
 
 
 class _BuiltOnFirstCall:

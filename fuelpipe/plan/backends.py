@@ -32,7 +32,7 @@ from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
 from fuelpipe.registry import Registry, did_you_mean
-from fuelpipe.step import SYMBOLIC_KINDS
+from fuelpipe.kv.layout import signature_named
 
 if TYPE_CHECKING:
     from fuelpipe.plan.aot_program import PlanCacheEvent
@@ -197,7 +197,7 @@ def _build_inductor(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepP
     counter = CompileCounter()
     # Tensor-offset path: every shape is static. Symbol path: the two host integers vary per
     # token; dynamic=True compiles them (and the input shapes) as symbols once.
-    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=step_kind in SYMBOLIC_KINDS)
+    compiled = torch.compile(gm, backend=counter, fullgraph=True, dynamic=signature_named(step_kind).symbolic)
     return StepProgram("inductor", compiled, None, time.perf_counter() - t0, counter, applied, spec.cache_policy,
                        compiles_on_first_call=True)
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from fuelpipe.errors import PlanError
 from fuelpipe.plan.backends import StepProgram
-from fuelpipe.step import step_args
+from fuelpipe.kv.layout import StepSignature
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.weights_identity import WeightsPin
 from fuelpipe.plan.validity import (
@@ -44,7 +44,7 @@ class DecodeSession:
         kv_bound: list[torch.Tensor],
         kv_location: Optional[torch.device],
         buffers: StepBuffers,
-        step_kind: str,
+        signature: StepSignature,
         *,
         stale_offset: bool = False,
         weights_pin: Optional[WeightsPin] = None,
@@ -55,7 +55,8 @@ class DecodeSession:
         self._kv_bound = list(kv_bound)
         self._kv_location = kv_location
         self.buffers = buffers
-        self.step_kind = step_kind  # tensor | symbol | paged: the program's input signature
+        self.signature = signature  # the program's inputs, from the cache's layout
+        self.step_kind = signature.name
         self.realize_count = 0
         self.build_s = program.trace_s
         self._stale_offset = stale_offset
@@ -135,7 +136,7 @@ class DecodeSession:
             self._stale_ints = (host.cached_len, host.attended_len)
         if self._stale_ints is not None:
             host = replace(host, cached_len=self._stale_ints[0], attended_len=self._stale_ints[1])
-        return self.program.fn(*step_args(self.step_kind, b, host, self._kv_bound))
+        return self.program.fn(*self.signature.arguments(b, host, self._kv_bound))
 
     def realize_first(self, host: TokenHostData) -> torch.Tensor:
         """Run the build token (includes any lazy compilation, counted as build time)."""

@@ -90,7 +90,7 @@ def setup_from(cfg: DictConfig) -> Setup:
         compile_prompt=bool(cfg.backend.compile_prompt),
     )
     offset = cfg.plan.offset_mode.value if cfg.plan.offset_mode is not None else None
-    kv = KvSpec(layout=cfg.kv.layout.value, block_size=cfg.kv.block_size or 16, num_blocks=cfg.kv.num_blocks)
+    kv = KvSpec(layout=cfg.kv.layout, block_size=cfg.kv.block_size or 16, num_blocks=cfg.kv.num_blocks)
     return Setup(spec, PlanMode.parse(cfg.plan.mode.value), offset, kv)
 
 

@@ -18,7 +18,6 @@ from omegaconf import DictConfig
 
 from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request, Sampling
 from fuelpipe.bench.rss import PhasePeaks
-from fuelpipe.config.schema import KvLayout
 from fuelpipe.config.validate import batch_spec
 from fuelpipe.errors import ConfigError, RunInterrupted
 from fuelpipe.runner.assemble import Assembly
@@ -70,7 +69,7 @@ def _plan_batch(cfg: DictConfig, asm: Assembly) -> GenerationRequest:
     each = [_plan_one(cfg, asm, p, where=f"experiment.generate.prompts[{i}]") for i, p in enumerate(gen.prompts)]
     capacity = max(r.capacity for r in each)
     kv = asm.setup.kv
-    if cfg.kv.layout is KvLayout.paged and kv.num_blocks is not None:
+    if cfg.kv.layout == "paged" and kv.num_blocks is not None:
         blocks = max(kv.blocks_for(r.positions) for r in each)
         if blocks + 1 > kv.num_blocks:
             raise ConfigError(f"kv.num_blocks={kv.num_blocks} cannot hold the longest prompt's {blocks} blocks of "
@@ -106,7 +105,7 @@ def _plan_one(cfg: DictConfig, asm: Assembly, prompt: str, where: str = "") -> G
         if need > capacity:
             raise ConfigError(f"{what}, more than kv.max_seq_len={capacity}")
     kv = asm.setup.kv
-    if cfg.kv.layout is KvLayout.paged and kv.num_blocks is not None:
+    if cfg.kv.layout == "paged" and kv.num_blocks is not None:
         blocks = kv.blocks_for(need)
         if blocks + 1 > kv.num_blocks:
             raise ConfigError(f"kv.num_blocks={kv.num_blocks} is too small: {what}, which need {blocks} blocks of "
@@ -259,7 +258,7 @@ def _run_batch(cfg: DictConfig, asm: Assembly, req: GenerationRequest, out: Text
     return {
         "requests": rows,
         "chat_template": req.chat,
-        "batch": {"max_batch": spec.max_batch, "buckets": list(spec.buckets), "kv": cfg.kv.layout.value,
+        "batch": {"max_batch": spec.max_batch, "buckets": list(spec.buckets), "kv": cfg.kv.layout,
                   "kv_bytes_per_row": d["bytes_per_row"], "kv_bytes": kv.nbytes(), "steps": d["steps"],
                   "mean_batch": d["mean_batch"], "builds": d["builds"], "builds_per_bucket": d["builds_per_bucket"],
                   "plans_held": d["plans_held"], "plan_buffer_bytes": d["plan_buffer_bytes"],

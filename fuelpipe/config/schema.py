@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.modes import CachePolicy, OffsetMode
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 SCHEMA_NAME = "fuelpipe_schema"
@@ -49,16 +50,6 @@ class PlanModeName(enum.Enum):
     replan = "replan"
     plan_once = "plan_once"
     captured = "captured"
-
-
-class CachePolicy(enum.Enum):
-    cold = "cold"
-    warm = "warm"
-
-
-class OffsetMode(enum.Enum):
-    tensor = "tensor"
-    symbol = "symbol"
 
 
 @dataclass

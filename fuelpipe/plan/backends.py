@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch import nn
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.modes import CachePolicy, values
 from fuelpipe.plan.build_tally import counted_build
 from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
@@ -37,17 +38,17 @@ from fuelpipe.step import SYMBOLIC_KINDS
 if TYPE_CHECKING:
     from fuelpipe.plan.aot_program import PlanCacheEvent
 
-CACHE_POLICIES = ("cold", "warm")
+CACHE_POLICIES = values(CachePolicy)  # the runtime's strings; the enum (fuelpipe.modes) is the one list
 
 
 @dataclass(frozen=True)
 class BackendSpec:
     name: str = "fx"
     fx_passes: tuple[str, ...] = DEFAULT_PASSES
-    # What a rebuild may reuse: "cold" = nothing compiled is reused (inductor's
-    # FX-graph and autograd caches are off for the build); "warm" = on-disk /
+    # What a rebuild may reuse (fuelpipe.modes.CachePolicy): "cold" = nothing compiled is reused
+    # (inductor's FX-graph and autograd caches are off for the build); "warm" = on-disk /
     # in-memory compile caches may serve a rebuild. Stated in every result.
-    cache_policy: str = "warm"
+    cache_policy: str = CachePolicy.warm.value
     # Where inductor plans persist across processes (``backend.plan_cache``; off by default):
     # see fuelpipe.plan.aot_program.
     plan_cache: PlanCacheSpec = PlanCacheSpec()
@@ -93,7 +94,7 @@ class StepProgram:
     trace_s: float
     counter: Optional[CompileCounter] = None
     passes_applied: dict[str, int] = field(default_factory=dict)
-    cache_policy: str = "warm"
+    cache_policy: str = CachePolicy.warm.value
     # The first call compiles (torch.compile and the like): it counts as build time, and a
     # program with a ``counter`` that compiled nothing is refused rather than run as eager.
     compiles_on_first_call: bool = False
@@ -106,7 +107,7 @@ class StepProgram:
 
     def first_call_context(self):
         """Context for the call that triggers compilation (cold policy disables compile caches)."""
-        if not self.compiles_on_first_call or self.cache_policy == "warm":
+        if not self.compiles_on_first_call or self.cache_policy == CachePolicy.warm.value:
             return contextlib.nullcontext()
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config

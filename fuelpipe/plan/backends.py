@@ -28,7 +28,8 @@ from torch import nn
 from fuelpipe.errors import ConfigError
 from fuelpipe.modes import CachePolicy, values
 from fuelpipe.plan.build_tally import counted_build
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
+from fuelpipe.plan.fx_passes import FX_PASSES
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
@@ -44,7 +45,7 @@ CACHE_POLICIES = values(CachePolicy)  # the runtime's strings; the enum (fuelpip
 @dataclass(frozen=True)
 class BackendSpec:
     name: str = "fx"
-    fx_passes: tuple[str, ...] = DEFAULT_PASSES
+    fx_passes: tuple[str, ...] = DEFAULT_FX_PASSES
     # What a rebuild may reuse (fuelpipe.modes.CachePolicy): "cold" = nothing compiled is reused
     # (inductor's FX-graph and autograd caches are off for the build); "warm" = on-disk /
     # in-memory compile caches may serve a rebuild. Stated in every result.

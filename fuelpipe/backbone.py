@@ -14,9 +14,10 @@ import torch
 
 from fuelpipe.identity import ModelInstanceId
 from fuelpipe.masks import MaskPlan
+from fuelpipe.modes import OffsetMode, values
 from fuelpipe.rope import RopePlan
 
-OFFSET_MODES = ("tensor", "symbol")
+OFFSET_MODES = values(OffsetMode)  # the runtime's strings; the enum (fuelpipe.modes) is the one list
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from fuelpipe.runner.job import run_job
 from fuelpipe.runner.table import render
 
 CONFIG_EXIT = 2
-CONFIG_GROUPS = ("model", "kv", "backend", "plan", "experiment")
+CONFIG_GROUPS = ("model", "kv", "backend", "plan", "oracles", "experiment")
 PASSTHROUGH_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "resolve")
 
 

@@ -33,7 +33,8 @@ def test_default_experiment_on_default_model_exits_0_and_prints_the_ratio(tmp_pa
     assert (cfg["model"]["family"], cfg["model"]["size"], cfg["experiment"]["name"]) == ("llama", "smollm2_135m", "default")
     assert cfg["model"]["weights"] == "shipped"
     assert doc["choices"] == {
-        "model": "smollm2_135m", "kv": "contiguous", "backend": "aot", "plan": "plan_once", "experiment": "default"
+        "model": "smollm2_135m", "kv": "contiguous", "backend": "aot", "plan": "plan_once", "oracles": "gate",
+        "experiment": "default",
     }
     gen = doc["generation"]
     assert gen["new_tokens"] > 0 and gen["text"].strip() and gen["text"] in out  # real text, streamed

@@ -20,14 +20,16 @@ def _flatten(node, prefix=""):
 
 
 def _override_and_package(rel: Path) -> tuple[list[str], str]:
+    """The override selecting ``rel`` and the node its keys land in: its ``# @package`` header, else its group."""
     group = rel.parent.as_posix()
-    global_package = (CONF / rel).read_text().lstrip().startswith("# @package _global_")
-    return [f"{group}={rel.stem}"], "" if global_package else group.replace("/", ".")
+    first = (CONF / rel).read_text().lstrip().splitlines()[0]
+    package = first.removeprefix("# @package").strip() if first.startswith("# @package") else group.replace("/", ".")
+    return [f"{group}={rel.stem}"], "" if package == "_global_" else package
 
 
 def test_the_tree_has_every_group():
     groups = {p.parts[0] for p in YAML_FILES if len(p.parts) > 1}
-    assert groups == {"model", "kv", "backend", "plan", "experiment", "hydra"}
+    assert groups == {"model", "kv", "backend", "plan", "oracles", "experiment", "hydra"}
     assert len(YAML_FILES) > 20  # the glob really recursed (hydra/launcher/ is two levels down)
     assert Path("hydra/launcher/joblib_local.yaml") in YAML_FILES
 
@@ -36,7 +38,7 @@ def test_root_config_selects_one_option_per_group(compose_cfg):
     cfg = compose_cfg(hydra=True, tiny=False)
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))["defaults"]
     chosen = {k: v for entry in defaults if isinstance(entry, dict) for k, v in entry.items()}
-    assert list(chosen) == ["model", "kv", "backend", "plan", "experiment", "hydra"]
+    assert list(chosen) == ["model", "kv", "backend", "plan", "oracles", "experiment", "hydra"]
     assert defaults[0] == "fuelpipe_schema" and defaults[-1] == "_self_"
     for group, option in chosen.items():
         assert cfg.hydra.runtime.choices[group] == option

@@ -2,6 +2,8 @@
 config and BackendSpec take that list, so none can drift from the others."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fuelpipe.config.schema import BackendConfig
@@ -28,3 +30,15 @@ def test_every_backend_config_composes_to_the_one_list(compose_cfg, backend):
 def test_a_config_still_sets_its_own_passes(compose_cfg):
     cfg = compose_cfg(["backend=fx", "backend.fx_passes=[fuse_sibling_linears]"])
     assert list(cfg.backend.fx_passes) == ["fuse_sibling_linears"]
+
+
+def test_no_doc_or_config_restates_the_list():
+    """A line naming every default pass is a second copy of the list that would go stale (experiments/ records
+    what ran at the time, so it is left out)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("conf/**/*.yaml"),
+             *root.glob("examples/**/*.md"), *root.glob("examples/**/*.yaml")]
+    restated = [f"{path.relative_to(root)}:{n}" for path in files
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                if all(name in line for name in DEFAULT_FX_PASSES)]
+    assert restated == []

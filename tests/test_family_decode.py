@@ -16,11 +16,11 @@ import torch
 from omegaconf import OmegaConf
 
 from family_helpers import FAULT_CASES, FAULTS, forced_tokens, max_err, reference_rows, run_decode
+from fuelpipe.backbone import OFFSET_MODES
 from fuelpipe.faults import Fault
 from models.registry import build_random_model, families
 
 FAMILIES = ("llama", "phi", "qwen3", "gemma3")
-OFFSET_MODES = ("tensor", "symbol")
 SEED = 3
 REF_TOL = 1e-5  # f32, cached decode against the no-cache reference
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"

@@ -18,7 +18,8 @@ import torch
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import config_variants
 from fuelpipe.oracles.registry import ORACLES
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES, passes_under
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
+from fuelpipe.plan.fx_passes import passes_under
 from fuelpipe.plan.split_gemv import MIN_SPLIT_ELEMENTS, split_gemv, split_weight, split_weight_interleaved
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
@@ -57,7 +58,7 @@ def test_negative_control_fails_where_the_tiny_gate_passes(compose_cfg, model, k
     # The same faulty pass on the tiny model itself changes nothing: no tiny matrix is big enough to split.
     blind_cfg = _cfg(compose_cfg, model, kv)
     asm = assemble(blind_cfg)
-    faulty = dataclasses.replace(asm.setup.backend, fx_passes=passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_PASSES))
+    faulty = dataclasses.replace(asm.setup.backend, fx_passes=passes_under(Fault.SPLIT_PARTS_INTERLEAVED, DEFAULT_FX_PASSES))
     asm = dataclasses.replace(asm, setup=asm.setup.with_changes(backend=faulty))
     blind = run_one(blind_cfg, asm, ORACLES["vs_reference"])
     assert blind.passed, f"vs_reference on the tiny model was expected to miss the split fault: {blind.detail}"
@@ -122,7 +123,7 @@ def test_interleaved_split_permutes_the_outputs(shape):
 
 
 def test_passes_under_swaps_only_the_faulty_pass():
-    assert passes_under(Fault.NONE, DEFAULT_PASSES) == DEFAULT_PASSES
+    assert passes_under(Fault.NONE, DEFAULT_FX_PASSES) == DEFAULT_FX_PASSES
     explicit = ("fuse_sibling_linears", "split_linears_across_threads", "pack_linears_into_panels",
                 "eliminate_dead_code_keeping_writes")
     swapped = passes_under(Fault.SPLIT_PARTS_INTERLEAVED, explicit)
@@ -133,12 +134,12 @@ def test_passes_under_swaps_only_the_faulty_pass():
 
 def test_the_measured_pass_is_checked_as_each_explicit_form():
     """A form the measurement did not pick on this machine still runs (another CPU may pick it)."""
-    sets = config_variants.pass_sets(DEFAULT_PASSES, on_cpu=True)
+    sets = config_variants.pass_sets(DEFAULT_FX_PASSES, on_cpu=True)
     assert set(sets) == {"split_linears_across_threads", "pack_linears_into_panels", "run_linears_on_model_weights",
                          "chain_linears_on_model_weights"}
     for form, passes in sets.items():
         assert "measured_linears" not in passes and form in passes
-    assert config_variants.pass_sets(DEFAULT_PASSES, on_cpu=False) == {"": DEFAULT_PASSES}
+    assert config_variants.pass_sets(DEFAULT_FX_PASSES, on_cpu=False) == {"": DEFAULT_FX_PASSES}
 
 
 def test_a_config_naming_the_faulty_pass_is_refused(compose_cfg):

@@ -425,7 +425,8 @@ def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
 
     from fuelpipe.context import InferenceContext
     from fuelpipe.plan.backends import BackendSpec
-    from fuelpipe.plan.fx_passes import DEFAULT_PASSES, _fuse_packed_siblings
+    from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
+    from fuelpipe.plan.fx_passes import _fuse_packed_siblings
 
     model = _tiny(QuantKind.int4)
     calls = lambda gm: sum(1 for n in gm.graph.nodes if n.op == "call_function"
@@ -436,7 +437,7 @@ def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
     assert _fuse_packed_siblings(gm) == 1 and calls(gm) == before - 2  # q, k, v -> one
     fast = InferenceContext(model).generate([1, 2, 3], 6, keep_logits=True)
     # The same plan without the fusion (attention and every other op alike): only the fusion differs.
-    unfused = tuple(p for p in DEFAULT_PASSES if p != "fuse_sibling_linears")
+    unfused = tuple(p for p in DEFAULT_FX_PASSES if p != "fuse_sibling_linears")
     ref = InferenceContext(_tiny(QuantKind.int4), BackendSpec(name="fx", fx_passes=unfused)).generate(
         [1, 2, 3], 6, keep_logits=True)
     assert fast.tokens == ref.tokens

@@ -14,7 +14,7 @@ from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
 from fuelpipe.kv import slot_attention as sa
 from fuelpipe.plan.backends import BackendSpec
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 from fuelpipe.plan.panels import kernels_available
 
 pytestmark = pytest.mark.skipif(kernels_available() is not None, reason=f"kernels: {kernels_available()}")
@@ -136,9 +136,9 @@ def test_bad_arguments_are_refused_naming_the_value():
 def test_batch_plans_run_the_kernel_and_match_the_readable_form(fam, offset):
     """The default passes put the kernel into a batch-slot plan; its logits match a plan without the pass."""
     model = tiny(fam)
-    without = tuple(p for p in DEFAULT_PASSES if p != "slot_attention_kernel")
+    without = tuple(p for p in DEFAULT_FX_PASSES if p != "slot_attention_kernel")
     runs = {}
-    for name, passes in (("kernel", DEFAULT_PASSES), ("readable", without)):
+    for name, passes in (("kernel", DEFAULT_FX_PASSES), ("readable", without)):
         ctx = InferenceContext(model, BackendSpec("fx", fx_passes=passes), "plan_once", offset_mode=offset)
         kv = _batch_cache(ctx, "contiguous")
         dec = BatchDecoder(ctx, kv, BatchSpec(4, (4,)))
@@ -182,9 +182,9 @@ def test_one_sequence_plans_run_the_kernel_and_match_the_readable_form(fam, offs
     (a view that bound the function at import would inline the readable form, and the pass would find
     nothing), and the logits match a plan without the pass."""
     model = tiny(fam)
-    without = tuple(p for p in DEFAULT_PASSES if p != "slot_attention_kernel")
+    without = tuple(p for p in DEFAULT_FX_PASSES if p != "slot_attention_kernel")
     runs = {}
-    for name, passes in (("kernel", DEFAULT_PASSES), ("readable", without)):
+    for name, passes in (("kernel", DEFAULT_FX_PASSES), ("readable", without)):
         ctx = InferenceContext(model, BackendSpec("fx", fx_passes=passes), "plan_once", offset_mode=offset)
         cache = ctx.new_cache(WIDTH + 8)
         out = [ctx.prefill(cache, [3, 4, 5, 6])[0]]

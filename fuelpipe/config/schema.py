@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.modes import CachePolicy, OffsetMode
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 SCHEMA_NAME = "fuelpipe_schema"
@@ -43,16 +44,6 @@ class PlanModeName(enum.Enum):
     replan = "replan"
     plan_once = "plan_once"
     captured = "captured"
-
-
-class CachePolicy(enum.Enum):
-    cold = "cold"
-    warm = "warm"
-
-
-class OffsetMode(enum.Enum):
-    tensor = "tensor"
-    symbol = "symbol"
 
 
 @dataclass
@@ -148,11 +139,20 @@ class OracleConfig:
     tolerance: Dict[str, float] = field(default_factory=dict)
 
 
+# ``experiment.oracles.<name>.enabled`` of an oracle on by default: the oracle set's switch
+# (``experiment.oracles_by_default``, set by conf/oracles/*.yaml) until an override names the oracle.
+FOLLOWS_ORACLE_SET = "${...oracles_by_default}"
+
+
 def _default_oracles() -> Dict[str, OracleConfig]:
-    """One entry per registered oracle (built-in or installed), in registration order, with its defaults."""
+    """One entry per registered oracle (built-in or installed), in registration order, with its defaults.
+
+    An oracle on by default follows the oracle set, so ``oracles=none`` turns off one registered
+    later too; one off by default stays off whatever the set."""
     from fuelpipe.oracles.registry import ORACLES
 
-    return {name: OracleConfig(enabled=spec.enabled_by_default, tolerance=dict(spec.default_tolerance))
+    return {name: OracleConfig(enabled=FOLLOWS_ORACLE_SET if spec.enabled_by_default else False,
+                               tolerance=dict(spec.default_tolerance))
             for name, spec in ORACLES.entries().items()}
 
 
@@ -198,6 +198,9 @@ class ExperimentConfig:
     # Oracles whose question the weights cannot change run on the family's tiny twin (fuelpipe/runner/twin.py)
     # when the model is a checkpoint or a larger size; false: every oracle on the model itself.
     mechanism_on_twin: bool = True
+    # The oracle set (config group ``oracles``): true (gate) runs every oracle that is on by default,
+    # false (none) only those an override enables by name (experiment.oracles.<name>.enabled=true).
+    oracles_by_default: bool = True
     oracles: Dict[str, OracleConfig] = field(default_factory=dict)  # composed: schema_class()
     bench: BenchConfig = field(default_factory=BenchConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)

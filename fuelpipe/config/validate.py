@@ -308,7 +308,7 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
             reasons.append(f"experiment.oracles.{name}.tolerance has no entry for model.dtype={dtype}")
         if kind is not Tolerance.MAX_ABS and len(oc.tolerance):
             reasons.append(f"experiment.oracles.{name}.tolerance must be empty: {name} is {kind.value}")
-    enabled = enabled_oracles(exp.oracles)
+    enabled = enabled_oracles(exp.oracles, exp.oracles_by_default)
     if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not enabled_stages(exp):
         reasons.append("the experiment runs nothing: every oracle, the benchmark and every stage are disabled")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):

@@ -143,15 +143,19 @@ class OracleSettings:
     tolerance: Mapping[str, float]
 
 
-def oracle_settings(oracles_cfg: Mapping, name: str) -> OracleSettings:
+def oracle_settings(oracles_cfg: Mapping, name: str, by_default: bool = True) -> OracleSettings:
+    """``by_default``: the oracle set's switch (``experiment.oracles_by_default``), for an oracle the config
+    does not name."""
     if name in oracles_cfg:  # the schema gives every registered oracle an entry with the spec's defaults
         oc = oracles_cfg[name]
         return OracleSettings(bool(oc.enabled), bool(oc.inject_fault), dict(oc.tolerance))
     spec = ORACLES.get(name)
-    return OracleSettings(spec.enabled_by_default, False, dict(spec.default_tolerance))
+    return OracleSettings(by_default and spec.enabled_by_default, False, dict(spec.default_tolerance))
 
 
-def enabled_oracles(oracles_cfg: Mapping) -> list[str]:
-    """The configured oracles that are enabled, then registered ones the config does not name that run by default."""
+def enabled_oracles(oracles_cfg: Mapping, by_default: bool = True) -> list[str]:
+    """The configured oracles that are enabled, then registered ones the config does not name that run by
+    default, when the oracle set (``by_default``: ``experiment.oracles_by_default``) runs those."""
     named = [name for name, oc in oracles_cfg.items() if oc.enabled]
-    return named + [name for name in ORACLES if name not in oracles_cfg and ORACLES.get(name).enabled_by_default]
+    return named + [name for name in ORACLES if name not in oracles_cfg
+                    and oracle_settings(oracles_cfg, name, by_default).enabled]

@@ -26,8 +26,10 @@ import torch.fx as fx
 from torch import nn
 
 from fuelpipe.errors import ConfigError
+from fuelpipe.modes import CachePolicy, values
 from fuelpipe.plan.build_tally import counted_build
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES, FX_PASSES
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
+from fuelpipe.plan.fx_passes import FX_PASSES
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
@@ -37,17 +39,17 @@ from fuelpipe.kv.layout import signature_named
 if TYPE_CHECKING:
     from fuelpipe.plan.aot_program import PlanCacheEvent
 
-CACHE_POLICIES = ("cold", "warm")
+CACHE_POLICIES = values(CachePolicy)  # the runtime's strings; the enum (fuelpipe.modes) is the one list
 
 
 @dataclass(frozen=True)
 class BackendSpec:
     name: str = "fx"
-    fx_passes: tuple[str, ...] = DEFAULT_PASSES
-    # What a rebuild may reuse: "cold" = nothing compiled is reused (inductor's
-    # FX-graph and autograd caches are off for the build); "warm" = on-disk /
+    fx_passes: tuple[str, ...] = DEFAULT_FX_PASSES
+    # What a rebuild may reuse (fuelpipe.modes.CachePolicy): "cold" = nothing compiled is reused
+    # (inductor's FX-graph and autograd caches are off for the build); "warm" = on-disk /
     # in-memory compile caches may serve a rebuild. Stated in every result.
-    cache_policy: str = "warm"
+    cache_policy: str = CachePolicy.warm.value
     # Where inductor plans persist across processes (``backend.plan_cache``; off by default):
     # see fuelpipe.plan.aot_program.
     plan_cache: PlanCacheSpec = PlanCacheSpec()
@@ -93,7 +95,7 @@ class StepProgram:
     trace_s: float
     counter: Optional[CompileCounter] = None
     passes_applied: dict[str, int] = field(default_factory=dict)
-    cache_policy: str = "warm"
+    cache_policy: str = CachePolicy.warm.value
     # The first call compiles (torch.compile and the like): it counts as build time, and a
     # program with a ``counter`` that compiled nothing is refused rather than run as eager.
     compiles_on_first_call: bool = False
@@ -106,7 +108,7 @@ class StepProgram:
 
     def first_call_context(self):
         """Context for the call that triggers compilation (cold policy disables compile caches)."""
-        if not self.compiles_on_first_call or self.cache_policy == "warm":
+        if not self.compiles_on_first_call or self.cache_policy == CachePolicy.warm.value:
             return contextlib.nullcontext()
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config

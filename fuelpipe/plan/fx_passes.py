@@ -40,7 +40,6 @@ from fuelpipe.plan.derived_weights import derived
 from fuelpipe.plan.linear_forms import (FAULTY_FORMS, FORMS, linear_of, measured_linears,
                                         measured_linears_allowing_copies, rewrite_all)
 from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
-from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -290,7 +289,6 @@ class FxPass:
     takes_sequences: bool = False
 
 
-DEFAULT_PASSES = DEFAULT_FX_PASSES  # the one list (fuelpipe.plan.default_passes)
 BUILTIN_PASSES = (
     FxPass("fuse_sibling_linears", fuse_sibling_linears),
     FxPass("split_linears_across_threads", split_linears_across_threads),

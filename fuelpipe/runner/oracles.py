@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def enabled_oracles(exp: DictConfig) -> list[str]:
-    return registry_enabled(exp.oracles)
+    return registry_enabled(exp.oracles, exp.oracles_by_default)
 
 
 def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterable[OracleResult]:
@@ -31,7 +31,7 @@ def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterabl
 def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:
     """One oracle on the model, or on the family's tiny twin when its question does not need the weights."""
     exp = cfg.experiment
-    oc = oracle_settings(exp.oracles, spec.name)
+    oc = oracle_settings(exp.oracles, spec.name, exp.oracles_by_default)
     twin = None if spec.needs_checkpoint or asm.twin is None else asm.twin()
     on = twin or asm
     result = execute(

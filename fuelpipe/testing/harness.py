@@ -33,7 +33,7 @@ from fuelpipe.oracles.base import OracleResult, Setup
 from fuelpipe.oracles.execute import execute, numeric_form, tolerance_for
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.plan.backends import BackendSpec
-from fuelpipe.plan.fx_passes import DEFAULT_PASSES
+from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 # The oracles that hold for any family on any backend and KV strategy, and need nothing else
 # (no transformers twin, no family-specific variant configs): the plugin's default gate.
@@ -79,7 +79,7 @@ class Combo:
     kv: Optional[str] = None
     plan: str = "plan_once"
     offset_mode: Optional[str] = None  # None: the model's own path
-    fx_passes: tuple[str, ...] = DEFAULT_PASSES
+    fx_passes: tuple[str, ...] = DEFAULT_FX_PASSES
 
     @property
     def id(self) -> str:

@@ -36,13 +36,13 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
         ]),
         (["model.family=lama"], ["unknown model.family 'lama'; did you mean 'llama'? available: deepseek_v2, gemma3, llama, phi, qwen3"]),
         (["model.size=tinny"], [
-            "unknown model.size for family 'llama' 'tinny'; did you mean 'tiny'? available: mistral_sw_tiny, smollm2_135m, tiny",
+            "unknown model.size for family 'llama' 'tinny'; did you mean 'tiny'? available: smollm2_135m, tiny",
         ]),
         (["+model.overrides.num_hiden_layers=1"], [
             "unknown model.overrides key for llama 'num_hiden_layers'; did you mean 'num_hidden_layers'? "
             "available: attention_bias, head_dim, hidden_size, intermediate_size, max_position_embeddings, "
             "mlp_bias, num_attention_heads, num_hidden_layers, num_key_value_heads, rms_norm_eps, rope_scaling, "
-            "rope_theta, sliding_window, tie_word_embeddings, vocab_size",
+            "rope_theta, tie_word_embeddings, vocab_size",
         ]),
         (["+model.overrides.num_key_value_heads=3"], [
             "model.overrides={'num_key_value_heads': 3}: num_attention_heads (4) must be a multiple of "

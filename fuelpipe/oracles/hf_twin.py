@@ -99,13 +99,6 @@ def _geometry(c) -> dict:
 
 
 def _llama(c, tf):
-    if c.sliding_window is not None:  # Mistral: Llama with every layer windowed (no biases, plain RoPE)
-        if c.attention_bias or c.mlp_bias or c.rope_scaling.kind != "none":
-            raise TwinError("a windowed llama config is twinned by Mistral, which has no biases or RoPE scaling")
-        return tf.MistralConfig(
-            **_geometry(c), **HF_COMMON, head_dim=c.resolved_head_dim, sliding_window=c.sliding_window,
-            rope_parameters=rope_parameters(c.rope_theta), tie_word_embeddings=c.tie_word_embeddings,
-        )
     return tf.LlamaConfig(
         **_geometry(c), **HF_COMMON, head_dim=c.resolved_head_dim,
         rope_parameters=rope_parameters(c.rope_theta, c.rope_scaling),
@@ -205,11 +198,7 @@ def hf_model(family_name: str, config, *, init_weights: bool = True) -> torch.nn
     """The twin with the eager attention kernel; ``init_weights=False`` skips the random init (weights come next)."""
     skip = _no_init_weights() if not init_weights else contextlib.nullcontext()
     with skip:
-        hf_cfg = hf_config(family_name, config)
-        cls = hf_class(family_name)
-        if type(hf_cfg).__name__ == "MistralConfig":  # the llama family's windowed variant
-            cls = _transformers().MistralForCausalLM
-        model = cls(hf_cfg).eval()
+        model = hf_class(family_name)(hf_config(family_name, config)).eval()
     if not init_weights:
         model.tie_weights()  # skipped with the initialisation; a tied head must share its embedding
     if model.config._attn_implementation != "eager":

@@ -27,8 +27,6 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
-    # Mistral's one change to the architecture: when set, every layer attends through this window.
-    sliding_window: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -40,8 +38,6 @@ class LlamaConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or self.sliding_window < 1):
-            raise ConfigError(f"LlamaConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size ({self.hidden_size}) must divide by num_attention_heads "
@@ -67,13 +63,4 @@ def smollm2_135m(**overrides) -> LlamaConfig:
     base = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                 num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
                 max_position_embeddings=8192, tie_word_embeddings=True)
-    return LlamaConfig(**{**base, **overrides})
-
-
-def mistral_sw_tiny(**overrides) -> LlamaConfig:
-    """Test geometry of a Mistral-style model: llama_tiny's shapes with an 8-position window on every layer
-    and plain RoPE (Mistral's), so a window shorter than the test prompts is load-bearing."""
-    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0,
-                sliding_window=8)
     return LlamaConfig(**{**base, **overrides})

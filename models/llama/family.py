@@ -4,13 +4,13 @@ The family's registry entry, named by the ``fuelpipe.families`` entry point ``ll
 """
 from fuelpipe.family import FamilyEntry
 from fuelpipe.weights.architectures import LLAMA_ARCHITECTURE
-from models.llama.config import LlamaConfig, llama_tiny, mistral_sw_tiny, smollm2_135m
+from models.llama.config import LlamaConfig, llama_tiny, smollm2_135m
 from models.llama.model import LlamaModel
 
 FAMILY = FamilyEntry(
     "llama",
     LlamaModel,
-    {"tiny": llama_tiny, "smollm2_135m": smollm2_135m, "mistral_sw_tiny": mistral_sw_tiny},
+    {"tiny": llama_tiny, "smollm2_135m": smollm2_135m},
     config_cls=LlamaConfig,
     architectures=(LLAMA_ARCHITECTURE,),
 )

@@ -7,7 +7,7 @@ from torch import nn
 from fuelpipe.backbone import DecodeDims, LayerInputs
 from fuelpipe.family import DecoderModel
 from fuelpipe.layers import GatedMLP, RMSNorm, cached_attention, merge_heads, split_heads
-from fuelpipe.masks import FULL, SLIDING, MaskPlan
+from fuelpipe.masks import MaskPlan
 from fuelpipe.rope import RopePlan, RopeSpec
 from models.llama.config import ROPE_FIELDS, LlamaConfig
 
@@ -69,8 +69,7 @@ class LlamaModel(DecoderModel):
             vocab_size=c.vocab_size,
             max_position_embeddings=c.max_position_embeddings,
         )
-        kind = FULL if c.sliding_window is None else SLIDING  # Mistral: every layer through one window
-        self.mask_plan = MaskPlan((kind,) * c.num_hidden_layers, c.sliding_window)
+        self.mask_plan = MaskPlan.full(c.num_hidden_layers)
         self.rope_plan = _rope_plan_of(c)
 
     # ---- DecodeBackbone ------------------------------------------------------------------

@@ -46,7 +46,7 @@ def llama_reference_logits(model, token_ids: torch.Tensor, rope_plan: RopePlan, 
         k = k.repeat_interleave(group, dim=0)  # [H, T, D]
         v = v.repeat_interleave(group, dim=0)
         scores = (q.float() @ k.float().transpose(1, 2)) / math.sqrt(D)  # [H, T, T]
-        scores = scores.masked_fill(~allowed(pos, pos, c.sliding_window), float("-inf"))  # Mistral: windowed
+        scores = scores.masked_fill(~allowed(pos, pos, None), float("-inf"))  # Llama: full causal everywhere
         attn = torch.softmax(scores, dim=-1) @ v.float()  # [H, T, D]
         x = x + a.o_proj(attn.to(dtype).transpose(0, 1).reshape(T, H * D))
         h = rms_norm(x, layer.post_attention_layernorm.weight, c.rms_norm_eps)

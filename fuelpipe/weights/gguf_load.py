@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from fuelpipe.weights import dequant
-from fuelpipe.weights.architectures import GgufConfigReader, TensorRule, by_gguf_arch
+from fuelpipe.weights.architectures import TensorRule, by_gguf_arch
 from fuelpipe.weights.assign import assign, put
+from fuelpipe.weights.config_readers import GgufConfigReader
 from fuelpipe.weights.errors import UnknownArchitectureError, UnsupportedQuantError
 from fuelpipe.weights.finite import check_finite
 from fuelpipe.weights.gguf_file import GgufFile

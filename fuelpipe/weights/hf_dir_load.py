@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from fuelpipe.weights.architectures import Architecture, HfConfigReader, by_hf_architecture
+from fuelpipe.weights.architectures import Architecture, by_hf_architecture
 from fuelpipe.weights.assign import assign, put
+from fuelpipe.weights.config_readers import HfConfigReader
 from fuelpipe.weights.errors import (
     CheckpointConfigError, CheckpointFormatError, MissingTensorError, PickleRefusedError, UnknownArchitectureError,
     UnsupportedFormatError,

@@ -1,50 +1,17 @@
 """Resident memory per phase (load, build, decode): each phase's own peak, not only the process's.
 
-A process's lifetime peak (``ru_maxrss``) cannot say which phase set it. On
-Linux the peak (``VmHWM``) can be reset by writing 5 to
-``/proc/self/clear_refs``, so each phase starts from the memory it inherits
-and its peak is its own. Where that is not possible, every phase reports the
-lifetime peak so far and says so (``peak_resets: false``). One reset serves one
-measurement at a time: ``bench_peers`` resets the peak per row inside the main
-job's ``checks`` phase, whose peak then covers only what followed the last row.
+Each phase resets the peak (``fuelpipe.resident_memory.reset_peak``), so it
+starts from the memory it inherits and its peak is its own. Where that is not
+possible, every phase reports the lifetime peak so far and says so
+(``peak_resets: false``). One reset serves one measurement at a time:
+``bench_peers`` resets the peak per row inside the main job's ``checks``
+phase, whose peak then covers only what followed the last row.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Optional
 
-import psutil
-
-MB = 1024 * 1024
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def current_mb() -> float:
-    return psutil.Process().memory_info().rss / MB
-
-
-def peak_mb() -> float:
-    """The peak resident set since the last reset (VmHWM), or since the start where there is none."""
-    try:
-        m = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
-        if m:
-            return int(m.group(1)) / 1024.0
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-def reset_peak() -> bool:
-    """Start a new peak from the current resident set; False where the OS does not allow it."""
-    try:
-        _CLEAR_REFS.write_text("5")
-        return True
-    except OSError:
-        return False
+from fuelpipe.resident_memory import current_mb, peak_mb, reset_peak
 
 
 class PhasePeaks:

@@ -37,8 +37,8 @@ from torch import nn
 from fuelpipe.faults import Fault
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
-from fuelpipe.plan.linear_forms import (FAULTY_FORMS, FORMS, linear_of, measured_linears,
-                                        measured_linears_allowing_copies, rewrite_all)
+from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, measured_linears, measured_linears_allowing_copies
+from fuelpipe.plan.linear_rewrite import linear_of, rewrite_all
 from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
 
 

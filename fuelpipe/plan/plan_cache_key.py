@@ -43,7 +43,7 @@ FORMAT = "fuelpipe-plan-cache/1"
 # and the kernels they call. An edit to any of them changes every key.
 _RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelpipe.plan.derived_weights",
                    "fuelpipe.plan.aot_program", "fuelpipe.kv.slot_attention", "fuelpipe.plan.linear_forms",
-                   "fuelpipe.plan.rows_linear")
+                   "fuelpipe.plan.linear_rewrite", "fuelpipe.plan.rows_linear")
 
 
 @dataclass(frozen=True)

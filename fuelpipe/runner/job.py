@@ -152,7 +152,7 @@ def _run_job(cfg, config, sweep, overrides, choices, output_dir, partial) -> dic
 
 def memory_record(phases: PhasePeaks, asm, generation: Optional[dict]) -> dict[str, Any]:
     """Peak resident memory per phase, beside what the model's weights and the generation's KV occupy."""
-    from fuelpipe.bench.rss import MB
+    from fuelpipe.resident_memory import MB
 
     rec = phases.report()
     weights = sum(t.numel() * t.element_size() for t in [*asm.model.parameters(), *asm.model.buffers()]) / MB

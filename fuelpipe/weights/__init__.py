@@ -31,7 +31,8 @@ HF directories (``config.json`` naming one supported architecture, plus
 (``fuelpipe.weights.errors``) naming the file and the problem.
 """
 from fuelpipe.weights.errors import WeightsError
-from fuelpipe.weights.loader import LoadedModel, LoadReport, load_model, load_named
+from fuelpipe.weights.load_report import LoadedModel, LoadReport
+from fuelpipe.weights.loader import load_model, load_named
 from fuelpipe.weights.named import NAMED, named_path
 from fuelpipe.weights.tokenizer import TextTokenizer
 

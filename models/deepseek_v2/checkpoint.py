@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from fuelpipe.weights.architectures import Architecture, Combined, HfConfigReader
+from fuelpipe.weights.architectures import Architecture, Combined
+from fuelpipe.weights.config_readers import HfConfigReader
 from fuelpipe.weights.errors import CheckpointConfigError, MissingExpertError, TensorShapeError, UnexpectedExpertError
 from models.deepseek_v2.config import DeepseekV2Config
 

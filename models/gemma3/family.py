@@ -3,7 +3,7 @@
 The family's registry entry, named by the ``fuelpipe.families`` entry point ``gemma3`` in pyproject.toml.
 """
 from fuelpipe.family import FamilyEntry
-from fuelpipe.weights.architectures import GEMMA3_ARCHITECTURE
+from models.gemma3.checkpoint import GEMMA3_ARCHITECTURE
 from models.gemma3.config import Gemma3Config, gemma3_1b, gemma3_tiny
 from models.gemma3.model import Gemma3Model
 

@@ -3,7 +3,7 @@
 The family's registry entry, named by the ``fuelpipe.families`` entry point ``llama`` in pyproject.toml.
 """
 from fuelpipe.family import FamilyEntry
-from fuelpipe.weights.architectures import LLAMA_ARCHITECTURE
+from models.llama.checkpoint import LLAMA_ARCHITECTURE
 from models.llama.config import LlamaConfig, llama_tiny, smollm2_135m
 from models.llama.model import LlamaModel
 

@@ -3,7 +3,7 @@
 The family's registry entry, named by the ``fuelpipe.families`` entry point ``phi`` in pyproject.toml.
 """
 from fuelpipe.family import FamilyEntry
-from fuelpipe.weights.architectures import PHI3_ARCHITECTURE
+from models.phi.checkpoint import PHI3_ARCHITECTURE
 from models.phi.config import PhiConfig, phi3_mini_4k, phi_tiny
 from models.phi.model import PhiModel
 

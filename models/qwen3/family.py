@@ -3,7 +3,7 @@
 The family's registry entry, named by the ``fuelpipe.families`` entry point ``qwen3`` in pyproject.toml.
 """
 from fuelpipe.family import FamilyEntry
-from fuelpipe.weights.architectures import QWEN3_ARCHITECTURE
+from models.qwen3.checkpoint import QWEN3_ARCHITECTURE
 from models.qwen3.config import Qwen3Config, qwen3_0_6b, qwen3_tiny
 from models.qwen3.model import Qwen3Model
 

@@ -20,8 +20,8 @@ from typing import Callable, Optional
 
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
-from fuelpipe.bench.rss import MB
 from fuelpipe.errors import FuelpipeError
+from fuelpipe.resident_memory import MB
 
 
 class PeerCrashed(FuelpipeError):
@@ -41,7 +41,7 @@ def _answer(conn, make: Callable[[], PeerSystem], threads: int) -> None:
     import psutil
     import torch
 
-    from fuelpipe.bench.rss import peak_mb, reset_peak
+    from fuelpipe.resident_memory import peak_mb, reset_peak
 
     torch.set_num_threads(threads)
     system = make()

@@ -21,7 +21,7 @@ from fuelpipe.bench.peers.floor import Floor
 from fuelpipe.bench.peers.isolated import PeerCrashed
 from fuelpipe.bench.peers.systems import PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace
-from fuelpipe.bench.rss import MB, peak_mb, reset_peak
+from fuelpipe.resident_memory import MB, peak_mb, reset_peak
 
 
 @dataclass

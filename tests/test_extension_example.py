@@ -48,9 +48,10 @@ def _env(site: Path, planted: bool = False) -> dict:
     return env
 
 
-def _cli(site: Path, out: Path, *overrides: str, planted: bool = False) -> subprocess.CompletedProcess:
+def _cli(site: Path, out: Path, *overrides: str, planted: bool = False, experiment: str = "parity"
+         ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fuelpipe", *with_tiny_model(["model=mistral_sw_tiny", "experiment=parity",
+        [sys.executable, "-m", "fuelpipe", *with_tiny_model(["model=mistral_sw_tiny", f"experiment={experiment}",
                                                              f"hydra.run.dir={out}", *overrides])],  # fx unless named
         env=_env(site, planted), capture_output=True, text=True, timeout=600, cwd=out.parent,
     )
@@ -72,6 +73,22 @@ def test_the_family_passes_the_parity_gate_through_the_cli(site, tmp_path):
     assert verdicts.pop("vs_transformers") == "skip"  # no transformers twin: said so, never a pass
     assert verdicts.pop("quant_quality") == "skip"  # nor quantized weights
     assert len(verdicts) >= 12 and all(v is True for v in verdicts.values()), verdicts
+
+
+@pytest.mark.slow
+def test_the_family_passes_the_gate_on_a_ring_cache_and_every_negative_control_is_caught(site, tmp_path):
+    """kv=ring (fuelpipe/kv/ring.py) serves a family it has never seen: every layer keeps only its window."""
+    run = _cli(site, tmp_path / "run", "kv=ring")
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["status"] == "ok" and doc["config"]["kv"]["layout"] == "ring"
+    ran = [o for o in doc["oracles"] if not o.get("skipped")]
+    assert len(ran) >= 13 and all(o["passed"] for o in ran), [o["name"] for o in ran if not o["passed"]]
+    control = _cli(site, tmp_path / "control", "kv=ring", experiment="negative_control")
+    assert control.returncode == 1, control.stdout + control.stderr
+    doc = json.loads((tmp_path / "control" / "results.json").read_text())
+    uncaught = [o["name"] for o in doc["oracles"] if o["passed"] and not o.get("skipped")]
+    assert not uncaught, f"negative controls not caught on kv=ring: {uncaught}"
 
 
 def test_the_planted_bug_fails_the_cli_gate_with_the_oracles_detail(site, tmp_path):

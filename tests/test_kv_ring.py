@@ -1,5 +1,7 @@
 """kv=ring: windowed layers keep only their window, and decode exactly as a contiguous cache does."""
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +14,22 @@ from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
-from models.registry import build_random_model
+from models.registry import FAMILIES, build_random_model
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mistral_sw"  # the out-of-tree Mistral-style family
 
 PROMPT = list(range(3, 14))  # 11 tokens: longer than the tiny models' 8-position window, so a ring wraps in prefill
+
+
+def _model(family: str, size: str):
+    if family != "mistral_sw":
+        return build_random_model(family, size)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(EXAMPLE))
+        from fuelpipe_mistral_sw.family import FAMILY
+
+        with FAMILIES.swapped(FAMILY):
+            return build_random_model("mistral_sw", size)
 
 
 def _decode(ctx, cache, steps: int = 14) -> list[torch.Tensor]:
@@ -24,10 +39,10 @@ def _decode(ctx, cache, steps: int = 14) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("family,size", [("gemma3", "tiny"), ("llama", "mistral_sw_tiny"), ("phi", "tiny")])
+@pytest.mark.parametrize("family,size", [("gemma3", "tiny"), ("mistral_sw", "tiny"), ("phi", "tiny")])
 @pytest.mark.parametrize("backend", ["eager", "fx"])
 def test_a_ring_decodes_what_a_contiguous_cache_decodes(family, size, backend):
-    model = build_random_model(family, size)
+    model = _model(family, size)
     want = _decode(InferenceContext(model, backend="eager"), KvSpec("contiguous").new_cache(
         InferenceContext(model, backend="eager"), 40))
     ctx = InferenceContext(model, backend=backend)
@@ -51,7 +66,7 @@ def test_ring_memory_is_the_window_on_windowed_layers_and_everything_on_full_one
 
 
 def test_rewinding_works_until_a_ring_wraps_then_is_refused_typed_and_changes_nothing():
-    model = build_random_model("llama", "mistral_sw_tiny")
+    model = build_random_model("phi", "tiny")  # an 8-position window on every layer
     ctx = InferenceContext(model, backend="eager")
     cache = KvSpec("ring").new_cache(ctx, 40)
     first = [ctx.prefill(cache, [5, 6, 7])]
@@ -102,7 +117,7 @@ def _faulty_ring():
     return FaultyRing()
 
 
-@pytest.mark.parametrize("model", ["gemma3_tiny", "mistral_sw_tiny"])
+@pytest.mark.parametrize("model", ["gemma3_tiny", "phi_tiny"])
 def test_vs_reference_passes_on_the_ring_and_catches_a_ring_that_forgets_its_window(compose_cfg, model):
     cfg = compose_cfg([f"model={model}", "kv=ring", "backend=eager", "experiment.new_tokens=12"])
     healthy = run_one(cfg, assemble(cfg), ORACLES["vs_reference"])
@@ -143,6 +158,6 @@ def test_bad_layouts_and_unservable_models_are_typed_errors():
     with pytest.raises(ConfigError, match="kv=ring cannot serve deepseek_v2: .*MLA"):
         KvSpec("ring").new_cache(mla, 16)
     gemma = InferenceContext(build_random_model("gemma3", "tiny"), backend="eager")
-    other = InferenceContext(build_random_model("llama", "mistral_sw_tiny"), backend="eager")
+    other = InferenceContext(build_random_model("phi", "tiny"), backend="eager")
     with pytest.raises(ConfigError, match="geometry|windows"):
         gemma.prefill(KvSpec("ring").new_cache(other, 16), [1, 2])

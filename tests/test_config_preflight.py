@@ -51,7 +51,7 @@ def test_sweep_axes_written_in_a_config_are_checked(tmp_path):
     )
     pre = preflight([], config_name="study", config_dir=str(tmp_path), multirun=True)
     assert pre.problems == [
-        "unknown option for config group 'kv' 'pagd'; did you mean 'paged'? available: contiguous, latent, paged"
+        "unknown option for config group 'kv' 'pagd'; did you mean 'paged'? available: contiguous, latent, paged, ring"
     ]
     # a command-line axis replaces the config's axis of the same key
     assert preflight(["kv=contiguous"], config_name="study", config_dir=str(tmp_path), multirun=True).problems == []

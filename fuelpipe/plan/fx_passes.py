@@ -195,7 +195,7 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
 
 
 def split_linears_across_threads_interleaved(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control: parts filled strided, assembled as blocks."""
+    """A deliberately wrong pass (negative control): parts filled strided, assembled as blocks."""
     return _all_in_form(gm, FAULTY_FORMS["split_gemv"], rows=1)
 
 
@@ -216,7 +216,7 @@ def pack_linears_into_panels(gm: fx.GraphModule) -> int:
 
 
 def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for panels: each panel's columns reversed."""
+    """A deliberately wrong pass (negative control) for panels: each panel's columns reversed."""
     return _all_in_form(gm, FAULTY_FORMS["panels"], rows=1, require=True)
 
 
@@ -227,7 +227,7 @@ def run_linears_on_model_weights(gm: fx.GraphModule) -> int:
 
 
 def run_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the in-place form: each part's rows rotated."""
+    """A deliberately wrong pass (negative control) for the in-place form: each part's rows rotated."""
     return _all_in_form(gm, FAULTY_FORMS["rows"], rows=1, require=True)
 
 
@@ -237,7 +237,7 @@ def chain_linears_on_model_weights(gm: fx.GraphModule) -> int:
 
 
 def chain_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the prompt recipe: each part's rows rotated."""
+    """A deliberately wrong pass (negative control) for the prompt recipe: each part's rows rotated."""
     return _all_in_form(gm, FAULTY_FORMS["rows_chain"], rows=2, require=True)
 
 

@@ -19,13 +19,13 @@ import torch
 from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
 from fuelpipe.driver import HeldPlan, PlanMode
 from fuelpipe.errors import ConfigError, InputError
-from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.layout import layout_named, layout_of, signature_for
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.kv.sizes import check_size
 from fuelpipe.plan.backends import BACKENDS, BackendSpec
+from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.prefill_program import PrefillPlans
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData, compute_token_host
 from fuelpipe.rope import RopePlan, rope_tables
@@ -56,7 +56,7 @@ class InferenceContext:
         plan: PlanMode | str = PlanMode.PLAN_ONCE,
         *,
         offset_mode: Optional[str] = None,
-        fault: Fault = Fault.NONE,
+        policy: PlanPolicy = DEFAULT_POLICY,
     ) -> None:
         if not isinstance(model, DecodeBackbone):
             raise ConfigError(f"InferenceContext needs a DecodeBackbone model, got {type(model).__name__}")
@@ -68,7 +68,7 @@ class InferenceContext:
             raise ConfigError(f"offset_mode must be one of {list(OFFSET_MODES)}, got {mode!r}")
         self.model = model
         self.offset_mode = mode
-        self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, fault)
+        self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, policy)
         self._rope_plan = model.rope_plan
         self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self.prefill_plans = PrefillPlans(spec)  # the prompt step as a held program (eager backend: eager)
@@ -108,8 +108,7 @@ class InferenceContext:
                 f"{(plan.rotary_dim, len(plan.specs), plan.layer_spec)}"
             )
         self._rope_plan = plan
-        if self.plan.fault is not Fault.STALE_ROPE:  # the negative control keeps serving the old rows
-            self._tables = None
+        self._tables = self.plan.policy.tables_kept_on_rope_change(self._tables)
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None:

@@ -21,16 +21,15 @@ import torch
 
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.errors import enum_member
-from fuelpipe.faults import Fault
 from fuelpipe.plan.backends import BackendSpec, build_program
 from fuelpipe.plan.derived_weights import forget as forget_derived
-from fuelpipe.plan.fx_passes import passes_for_rows, passes_under
+from fuelpipe.plan.fx_passes import passes_for_rows
+from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
-from fuelpipe.plan.weights_identity import WeightsIdentity, pin_weights, weights_identity
+from fuelpipe.plan.weights_identity import pin_weights, weights_identity
 from fuelpipe.kv.layout import StepSignature, signature_for
-from fuelpipe.step import step_module_for
 
 
 class PlanMode(enum.Enum):
@@ -43,7 +42,6 @@ class PlanMode(enum.Enum):
 
 
 PagedDecodePlan = PlanMode
-IGNORED_WEIGHTS = WeightsIdentity((), (), (), ())  # what the IGNORE_MODEL_IDENTITY fault keys on
 
 
 @dataclass
@@ -71,20 +69,20 @@ class PlanStats:
         return sum(self.cache_statuses.values()) - self.cache_hits
 
 
-def live_key(backbone: DecodeBackbone, cache, seq: int, fault: Fault = Fault.NONE) -> PlanKey:
+def live_key(backbone: DecodeBackbone, cache, seq: int, policy: PlanPolicy = DEFAULT_POLICY) -> PlanKey:
     """The key the live (model, cache, step) would need a plan to have.
 
     ``cache`` is a ContiguousKvCache or a PagedSequence: it names its own geometry
     (max_seq_len, or max_blocks_cap and block_size) and its allocation (the pool's id).
     """
-    return PlanKey(
+    return policy.key(PlanKey(
         geometry=cache.plan_geometry(seq),
         n_layers=cache.n_layers,
         cache_dtype=cache.dtype,
-        shape_key=0 if fault is Fault.IGNORE_MODEL_IDENTITY else backbone.shape_key(),
-        weights=IGNORED_WEIGHTS if fault is Fault.IGNORE_MODEL_IDENTITY else weights_identity(backbone),
-        alloc_id=None if fault is Fault.IGNORE_ALLOCATION else cache.alloc_id,  # type: ignore[arg-type]
-    )
+        shape_key=backbone.shape_key(),
+        weights=weights_identity(backbone),
+        alloc_id=cache.alloc_id,
+    ))
 
 
 def build_session(
@@ -94,40 +92,35 @@ def build_session(
     signature: StepSignature,
     host: TokenHostData,
     key: PlanKey,
-    fault: Fault = Fault.NONE,
+    policy: PlanPolicy = DEFAULT_POLICY,
 ) -> DecodeSession:
     passes = passes_for_rows(spec.fx_passes, host.batch)  # a batch step's linears are GEMMs
-    # a fault's faulty pass, if any; the rows each linear sees (measured passes choose by them)
-    spec = dataclasses.replace(spec, fx_passes=passes_under(fault, passes), rows=host.batch)
-    if fault is Fault.AOT_CONSTANTS_MISBOUND:
-        spec = dataclasses.replace(spec, misbind_constants=True)
-    if fault is Fault.PLAN_CACHE_IGNORES_WEIGHTS:
-        spec = dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
-    step = step_module_for(backbone, signature, keep_masked_garbage=fault is Fault.UNSAFE_MASKED_SLOTS)
+    # the rows each linear sees (measured passes choose by them)
+    spec = policy.backend(dataclasses.replace(spec, fx_passes=passes, rows=host.batch))
+    step = policy.step_module(backbone, signature)
     program = build_program(spec, step, signature.name)
     device = cache.bound_tensors()[0].device
     buffers = StepBuffers(host, cache.dtype, device)
-    return DecodeSession(
+    return policy.session_class(
         program,
         key,
         cache.bound_tensors(),
         cache.device_location,
         buffers,
         signature,
-        stale_offset=fault is Fault.STALE_OFFSET,
         weights_pin=pin_weights(backbone),
-        partial_rebind=fault is Fault.PARTIAL_REBIND,
     )
 
 
 class HeldPlan:
     """Owns at most one held DecodeSession and applies the plan mode's reuse rules."""
 
-    def __init__(self, spec: BackendSpec, mode: PlanMode, offset_mode: str, fault: Fault = Fault.NONE) -> None:
+    def __init__(self, spec: BackendSpec, mode: PlanMode, offset_mode: str,
+                 policy: PlanPolicy = DEFAULT_POLICY) -> None:
         self.spec = spec
         self.mode = mode
         self.offset_mode = offset_mode
-        self.fault = fault
+        self.policy = policy  # how plans are keyed, built and reused (fuelpipe.plan.policy)
         self.session: Optional[DecodeSession] = None
         self.stats = PlanStats()
 
@@ -139,7 +132,7 @@ class HeldPlan:
     def _build_and_run(self, backbone, cache, host, key) -> torch.Tensor:
         t0 = time.perf_counter()
         signature = signature_for(cache, self.offset_mode)  # the cache's layout owns its step
-        session = build_session(backbone, cache, self.spec, signature, host, key, self.fault)
+        session = build_session(backbone, cache, self.spec, signature, host, key, self.policy)
         logits = session.realize_first(host)
         self.stats.builds += 1
         self.stats.build_s += time.perf_counter() - t0
@@ -154,8 +147,8 @@ class HeldPlan:
         return logits
 
     def step(self, backbone: DecodeBackbone, cache, host: TokenHostData) -> torch.Tensor:
-        key = live_key(backbone, cache, host.seq, self.fault)
-        if self.mode is PlanMode.REPLAN or self.fault is Fault.REBUILD_EVERY_TOKEN:
+        key = live_key(backbone, cache, host.seq, self.policy)
+        if self.mode is PlanMode.REPLAN or not self.policy.reuses_plans():
             self.session = None
             logits = self._build_and_run(backbone, cache, host, key)
             if self.mode is PlanMode.REPLAN:

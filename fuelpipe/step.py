@@ -89,7 +89,7 @@ class Step(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.signature = signature
-        self.keep_masked_garbage = keep_masked_garbage  # True only under the UNSAFE_MASKED_SLOTS fault
+        self.keep_masked_garbage = keep_masked_garbage  # True only for a negative control (fuelpipe.oracles.faulty)
 
     def run(self, token_ids, rope_cos, rope_sin, mask, named: list, kv: list) -> torch.Tensor:
         inputs = dict(zip(self.signature.inputs, named))

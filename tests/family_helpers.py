@@ -14,6 +14,7 @@ import torch
 
 from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.masks import FULL, SLIDING, MaskPlan
 from fuelpipe.rope import RopePlan
 
@@ -43,7 +44,7 @@ def run_decode(
     model, tokens, *, backend="fx", plan="plan_once", offset_mode=None, fault=Fault.NONE, prompt=PROMPT, capacity=64
 ) -> Decoded:
     """Prefill ``prompt``, then decode each of ``tokens`` through the held plan, recording the plan's accounting."""
-    ctx = InferenceContext(model, backend, plan, offset_mode=offset_mode, fault=fault)
+    ctx = InferenceContext(model, backend, plan, offset_mode=offset_mode, policy=policy_for(fault))
     cache = ctx.new_cache(capacity)
     rows = [ctx.prefill(cache, prompt)[0]]
     builds, realize_counts, node_counts = [], [], []

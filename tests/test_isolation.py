@@ -5,6 +5,7 @@ import torch
 from conftest import decode_logits
 from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 
 PROMPT_A = [3, 17, 42, 7, 99]
 PROMPT_B = [250, 1, 2, 128]
@@ -17,7 +18,7 @@ def solo(model, backend, prompt, offset_mode):
 
 
 def interleaved(model, backend, offset_mode, fault=Fault.NONE):
-    ctx = InferenceContext(model, backend, offset_mode=offset_mode, fault=fault)
+    ctx = InferenceContext(model, backend, offset_mode=offset_mode, policy=policy_for(fault))
     ca, cb = ctx.new_cache(48), ctx.new_cache(48)
     rows_a = [ctx.prefill(ca, PROMPT_A)[0]]
     rows_b = [ctx.prefill(cb, PROMPT_B)[0]]

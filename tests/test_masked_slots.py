@@ -13,6 +13,7 @@ from conftest import PROMPT, default_or_slow
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import NonFiniteLogitsError
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.sampling import greedy
 from models.registry import build_random_model
 
@@ -38,7 +39,7 @@ def new_cache(ctx, kv):
 
 
 def rows(model, kv, offset_mode, backend, poison=None, fault=Fault.NONE):
-    ctx = InferenceContext(model, backend, offset_mode=offset_mode, fault=fault)
+    ctx = InferenceContext(model, backend, offset_mode=offset_mode, policy=policy_for(fault))
     cache = new_cache(ctx, kv)
     if poison is not None:
         for t in cache.bound_tensors():

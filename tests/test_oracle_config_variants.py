@@ -19,7 +19,7 @@ from fuelpipe.faults import Fault
 from fuelpipe.oracles import config_variants
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
-from fuelpipe.plan.fx_passes import passes_under
+from fuelpipe.oracles.faulty import passes_under
 from fuelpipe.plan.split_gemv import MIN_SPLIT_ELEMENTS, split_gemv, split_weight, split_weight_interleaved
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one

@@ -4,6 +4,7 @@ import pytest
 from conftest import PROMPT
 from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.plan.validity import PlanValidity
 
 
@@ -38,6 +39,6 @@ def test_default_call_shape_is_the_fast_one(tiny_llama):
 
 
 def test_negative_control_over_keying_is_visible_in_accounting(tiny_llama):
-    ctx = InferenceContext(tiny_llama, "fx", "plan_once", fault=Fault.REBUILD_EVERY_TOKEN)
+    ctx = InferenceContext(tiny_llama, "fx", "plan_once", policy=policy_for(Fault.REBUILD_EVERY_TOKEN))
     ctx.generate(PROMPT, 10)
     assert ctx.plan.stats.builds == 9  # the accounting check (builds == 1) would fail

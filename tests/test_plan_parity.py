@@ -5,6 +5,7 @@ import torch
 from conftest import PROMPT, decode_logits, fed_sequence
 from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 
 STEPS = 32
 
@@ -49,7 +50,7 @@ def test_negative_control_naive_dce_drops_kv_writes_and_is_caught(tiny_llama):
     On the symbol path the write (narrow().copy_()) has no data consumer, so torch.fx's
     default DCE deletes it; the tensor path reads the write's result and is immune by construction.
     """
-    ctx, cache, got = run(tiny_llama, "fx", "plan_once", steps=8, fault=Fault.NAIVE_DCE, offset_mode="symbol")
+    ctx, cache, got = run(tiny_llama, "fx", "plan_once", steps=8, policy=policy_for(Fault.NAIVE_DCE), offset_mode="symbol")
     seq = fed_sequence(PROMPT, got)
     ref = tiny_llama.reference_logits(torch.tensor([seq]))[0, len(PROMPT) - 1 :]
     err = (torch.stack(got) - ref).abs().max().item()
@@ -59,7 +60,7 @@ def test_negative_control_naive_dce_drops_kv_writes_and_is_caught(tiny_llama):
 
 
 def test_negative_control_stale_offset_is_caught_by_plan_vs_replan(tiny_llama):
-    _, _, stale = run(tiny_llama, "fx", "plan_once", steps=8, fault=Fault.STALE_OFFSET)
+    _, _, stale = run(tiny_llama, "fx", "plan_once", steps=8, policy=policy_for(Fault.STALE_OFFSET))
     _, _, replan = run(tiny_llama, "fx", "replan", steps=8)
     diverged = [i for i, (a, b) in enumerate(zip(stale, replan)) if not torch.equal(a, b)]
     assert diverged, "plan_vs_replan failed to catch a stale offset binding"

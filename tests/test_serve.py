@@ -27,6 +27,7 @@ from conftest import ROOT  # noqa: E402
 from fuelpipe.api import TextModel  # noqa: E402
 from fuelpipe.context import InferenceContext  # noqa: E402
 from fuelpipe.faults import Fault  # noqa: E402
+from fuelpipe.oracles.faulty import policy_for  # noqa: E402
 from fuelpipe.serve import EngineSpec, Server  # noqa: E402
 from models.registry import build_random_model  # noqa: E402
 from weights_helpers import write_llama_gguf  # noqa: E402
@@ -174,7 +175,7 @@ def test_concurrent_greedy_requests_equal_their_solo_runs(server, client, oracle
 def test_batch_vs_solo_catches_rows_sharing_a_position(tiny_gguf, oracle):
     """The negative control: a batched step whose rows all read row 0's position answers differently."""
     tm = with_template(fuelpipe.load(tiny_gguf, backend="fx"))
-    faulty = TextModel(InferenceContext(tm.model, "fx", fault=Fault.SHARED_BATCH_POSITION), tm.tokenizer)
+    faulty = TextModel(InferenceContext(tm.model, "fx", policy=policy_for(Fault.SHARED_BATCH_POSITION)), tm.tokenizer)
     srv = serve(faulty)
     try:
         got = concurrent_texts(srv.url)

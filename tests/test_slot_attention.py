@@ -12,6 +12,7 @@ from batch_helpers import batch_cache as _batch_cache
 from fuelpipe.batch import BatchDecoder, BatchSpec
 from fuelpipe.context import InferenceContext
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.kv import slot_attention as sa
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
@@ -160,7 +161,7 @@ def test_masked_poison_reaches_logits_only_under_the_unsafe_fault(fault):
     length hold NaN. The kernel never reads them; the UNSAFE_MASKED_SLOTS fault takes the gathered form
     with masked slots uncleaned, so NaN x 0 reaches the logits and the poison must show."""
     model = tiny("llama")
-    ctx = InferenceContext(model, "fx", "plan_once", offset_mode="tensor", fault=fault)
+    ctx = InferenceContext(model, "fx", "plan_once", offset_mode="tensor", policy=policy_for(fault))
     kv = _batch_cache(ctx, "contiguous")
     dec = BatchDecoder(ctx, kv, BatchSpec(2, (2,)))
     rows = [kv.acquire() for _ in range(2)]

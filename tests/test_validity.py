@@ -7,6 +7,7 @@ from conftest import PROMPT, decode_logits, fed_sequence
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import live_key
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.plan.validity import PlanValidity
 from fuelpipe.plan.weights_identity import weights_identity
 from fuelpipe.rope import RopePlan, RopeScaling, RopeSpec
@@ -106,7 +107,7 @@ def test_negative_control_session_reused_across_models_is_caught(tiny_llama):
     """With model identity ignored, model B is served A's baked plan; parity against B's reference fails."""
     a = build_random_model("llama", "tiny", seed=1)
     b = build_random_model("llama", "tiny", seed=2)
-    ctx = InferenceContext(a, "fx", fault=Fault.IGNORE_MODEL_IDENTITY)
+    ctx = InferenceContext(a, "fx", policy=policy_for(Fault.IGNORE_MODEL_IDENTITY))
     decode_logits(ctx, ctx.new_cache(32), PROMPT, 2)
     ctx.switch_model(b)
     cache = ctx.new_cache(32)

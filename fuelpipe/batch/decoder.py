@@ -24,7 +24,6 @@ from fuelpipe.batch.packed_prefill import packed_prefill
 from fuelpipe.context import InferenceContext, _token_int
 from fuelpipe.driver import HeldPlan
 from fuelpipe.errors import InputError
-from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.masks import row_mask_variants
 from fuelpipe.plan.derived_weights import owned_bytes
@@ -39,11 +38,11 @@ class BatchDecoder:
         if spec.max_batch > kv.max_rows:
             raise InputError(f"BatchDecoder: batch.max_batch={spec.max_batch} exceeds the cache's {kv.max_rows} rows")
         self.ctx, self.kv, self.spec = ctx, kv, spec
-        self.fault = ctx.plan.fault
+        self.policy = ctx.plan.policy
         self.plans: dict[int, HeldPlan] = {}  # bucket -> its held plan
         self.steps = 0
         self.rows_served = 0  # live rows over all steps (padding excluded)
-        self._last_rows: list = []  # per bucket row, the slot data of the last step (STALE_PADDING_ROW only)
+        self._last_rows: list = []  # per bucket row, the slot data of the last step (for policy.padding_rows)
 
     # ---- accounting ----------------------------------------------------------------------
     @property
@@ -111,13 +110,8 @@ class BatchDecoder:
         pad = bucket - len(rows)
         padded = rows + [None] * pad
         positions = torch.tensor([r.cached_len for r in rows] + [0] * pad, dtype=torch.int64)  # [B]
-        seen = positions  # where each row's queries look from
-        if self.fault is Fault.SHARED_BATCH_POSITION:  # the bug: row 0's position serves every row
-            seen = positions[:1].expand(bucket).clone()
-        stale = None
-        if self.fault is Fault.STALE_PADDING_ROW:  # the bug: a padding row keeps its last sequence's slot
-            stale = {i: self._last_rows[i] for i in range(len(rows), min(bucket, len(self._last_rows)))
-                     if self._last_rows[i] is not None}
+        seen = self.policy.batch_positions(positions)  # where each row's queries look from
+        stale = self.policy.padding_rows(self._last_rows, len(rows), bucket)
         cos, sin = self.ctx.rope_tables()  # [n_specs, P, rot]
         where = self.kv.row_indices(padded, positions, stale)
         self._last_rows = [None if r is None else self.kv.slot_of_row(r) for r in padded]
@@ -143,10 +137,8 @@ class BatchDecoder:
         plan = self.plans.get(bucket)
         if plan is None:
             c = self.ctx
-            plan = self.plans[bucket] = HeldPlan(c.plan.spec, c.plan.mode, c.offset_mode, c.plan.fault)
-        extra: tuple = ()
-        if self.fault is Fault.REBUILD_ON_JOIN:  # the bug: the plan is keyed on which sequences are live
-            extra = (("rows", tuple(id(r) for r in rows)),)
+            plan = self.plans[bucket] = HeldPlan(c.plan.spec, c.plan.mode, c.offset_mode, c.plan.policy)
+        extra = self.policy.bucket_key(rows)
         logits = plan.step(self.ctx.model, BucketView(self.kv, bucket, extra), host)
         for row in rows:
             row.advance(1)
@@ -158,7 +150,7 @@ class BatchDecoder:
     def prefill(self, rows: Sequence, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prefill the fresh sequences ``rows`` with ``prompts`` in one packed step
         (``fuelpipe.batch.packed_prefill``); returns each one's next-token logits [n, vocab] f32."""
-        return packed_prefill(self.ctx, self.kv, rows, prompts, self.fault)
+        return packed_prefill(self.ctx, self.kv, rows, prompts)
 
     def drop(self) -> None:
         """Drop every held plan (for example after an in-place ``param.data.copy_`` the identity cannot see)."""

@@ -19,9 +19,8 @@ all N rows, so there is no padding and no per-prompt call.
 
 Each sequence's result equals its own one-sequence prefill (the
 ``batch_vs_solo`` oracle compares the whole stream; the tests compare the
-logits and the written K/V per family and cache kind). The negative control
-``Fault.PACKED_PREFILL_CROSS_ROWS`` masks causally over the whole packed row,
-so a prompt also attends the prompts packed before it.
+logits and the written K/V per family and cache kind). The segment ids that
+keep prompts apart pass through the context's ``PlanPolicy.packed_segment``.
 """
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ import torch
 
 from fuelpipe.context import InferenceContext, _as_id_list
 from fuelpipe.errors import InputError, KvCacheError
-from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.paged import KvOutOfBlocksError
 from fuelpipe.masks import MaskPlan, allowed
@@ -118,8 +116,7 @@ def _writes(kv, rows: list, prompts: list[list[int]]) -> dict[str, torch.Tensor]
 
 
 @torch.no_grad()
-def packed_prefill(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence[Sequence[int]],
-                   fault: Fault = Fault.NONE) -> torch.Tensor:
+def packed_prefill(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
     """Prefill ``prompts[i]`` into the fresh sequence ``rows[i]`` of batch cache ``kv``, all in one step.
 
     Returns each prompt's next-token logits [n, vocab] f32. Every argument is checked (and every
@@ -129,7 +126,7 @@ def packed_prefill(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence[
     ctx.check_batch_cache(kv)
     rows, prompts = _checked(ctx, kv, rows, prompts)
     packed = pack_prompts(prompts)
-    segment = torch.zeros_like(packed.segment) if fault is Fault.PACKED_PREFILL_CROSS_ROWS else packed.segment
+    segment = ctx.plan.policy.packed_segment(packed.segment)
     signature = signature_for(kv, ctx.offset_mode, packed=True)  # the batch cache's layout owns its packed step
     cos, sin = ctx.rope_tables()  # [n_specs, P, rot]
     dev, dtype = ctx.device, ctx.dtype

@@ -372,8 +372,8 @@ class PagedBatch(PoolFacing):
 class BucketView:
     """A batch cache as one bucket's held plan sees it: the bucket is part of the plan's geometry.
 
-    ``extra_geometry`` exists for the REBUILD_ON_JOIN negative control (which rows are live
-    keyed into the plan); a correct run never sets it.
+    ``extra_geometry`` holds a plan policy's extra key fields (``PlanPolicy.bucket_key``); the
+    default policy adds none.
     """
 
     def __init__(self, kv, bucket: int, extra_geometry: tuple = ()) -> None:

@@ -48,7 +48,7 @@ class SlotKv(_Visible):
         """Write k, v [B, Hkv, T, D]; q [B, H, T, D] attends each row's slot under mask [B, 1, T, S].
 
         One traced call (``fuelpipe.kv.slot_attention``) over the written buffers, which a pass may
-        hand to the C++ kernel. Under the UNSAFE_MASKED_SLOTS fault the gathered form runs instead,
+        hand to the C++ kernel. Under the negative control the gathered form runs instead,
         so its masked garbage still reaches attention."""
         if self.keep_masked_garbage:
             keys, values, mask = self.write_and_read(k, v, mask)

@@ -33,7 +33,7 @@ from fuelpipe.masks import live_slots_as, without_masked_slots
 class _Visible:
     """Mixin: the masked-slot cleaning every view applies to what it returns."""
 
-    keep_masked_garbage = False  # set per instance only by the UNSAFE_MASKED_SLOTS fault
+    keep_masked_garbage = False  # set per instance only by a negative control (fuelpipe.oracles.faulty)
     # Shared by every view of one step call (set by the step module): the live-slot vector of a
     # mask is computed once per step, not once per layer and slot. Values hold the mask itself,
     # so its id cannot be recycled while the memo lives.
@@ -59,7 +59,7 @@ class _AttendsInPlace(_Visible):
         """Write k, v [1, Hkv, T, D]; q [1, H, T, D] attends under mask [1, 1, T, S] -> [1, H, T, Dv].
 
         One traced ``slot_attention`` call over the written buffers (the sequence is slot 0); under the
-        UNSAFE_MASKED_SLOTS fault the masked copy is skipped and its garbage reaches SDPA."""
+        negative control the masked copy is skipped and its garbage reaches SDPA."""
         if self.keep_masked_garbage:
             keys, values, mask = self.write_and_read(k, v, mask)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -13,6 +13,7 @@ from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import PlanMode
 from fuelpipe.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.plan.backends import BackendSpec
@@ -30,7 +31,7 @@ class Setup:
 
     def context(self, model: DecodeBackbone, *, plan: Optional[PlanMode] = None, fault: Fault = Fault.NONE):
         return InferenceContext(
-            model, self.backend, plan or self.plan, offset_mode=self.offset_mode, fault=fault
+            model, self.backend, plan or self.plan, offset_mode=self.offset_mode, policy=policy_for(fault)
         )
 
     def with_changes(self, **changes: Any) -> "Setup":

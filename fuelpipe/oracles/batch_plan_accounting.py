@@ -24,6 +24,7 @@ from fuelpipe.driver import PlanMode, live_key
 from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.oracles.base import OracleInput, OracleResult
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.oracles.batch_runs import batcher, schedule
 from fuelpipe.plan.validity import PlanValidity
 
@@ -85,7 +86,7 @@ def run(inp: OracleInput) -> OracleResult:
         if plan.session is None:
             continue
         for other in b.decoder.spec.buckets:
-            key = live_key(model, BucketView(kv, other), 1, inp.fault)
+            key = live_key(model, BucketView(kv, other), 1, policy_for(inp.fault))
             verdict = plan.session.validity_for(key)
             verdicts += 1
             if (other == bucket) != (verdict is PlanValidity.VALID):

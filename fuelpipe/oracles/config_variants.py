@@ -45,7 +45,8 @@ from fuelpipe.driver import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup, compare, compare_scaled, forced_logits, greedy_run
 from fuelpipe.oracles.worker_pool import run_checks, worker_count
-from fuelpipe.plan.fx_passes import MEASURED_FORM_PASSES, passes_under
+from fuelpipe.oracles.faulty import passes_under
+from fuelpipe.plan.fx_passes import MEASURED_FORM_PASSES
 from fuelpipe.random_init import randomize
 from models.registry import build_config, family
 

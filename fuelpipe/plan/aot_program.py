@@ -165,7 +165,7 @@ class AotStep(_BuiltOnFirstCall):
     step: nn.Module
     trace: Callable  # (step, passes) -> (GraphModule, applied passes): fuelpipe.plan.backends.trace_step
     passes: tuple[str, ...]
-    misbind: bool = False  # negative control only (Fault.AOT_CONSTANTS_MISBOUND)
+    misbind: bool = False  # negative control only (fuelpipe.oracles.faulty): bind each weight to another of its shape
     store_dir: Optional[str] = None  # the plan cache folder; None: compile privately, keep nothing
     max_bytes: int = 8 << 30
     seed_dir: Optional[str] = None  # a folder to copy verified programs from on a miss (never written)

@@ -59,7 +59,7 @@ class BackendSpec:
     # Compile the prompt program with the backend's compiler too (a backend with a ``prompt_compiler``:
     # inductor), shape-generic, on its first call. Off: the prompt program runs as the traced graph.
     compile_prompt: bool = False
-    # Negative control only (Fault.AOT_CONSTANTS_MISBOUND): backend=aot binds each weight to another of its shape.
+    # Negative control only (fuelpipe.oracles.faulty): backend=aot binds each weight to another of its shape.
     misbind_constants: bool = False
 
     def __post_init__(self) -> None:

@@ -34,7 +34,6 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuelpipe.faults import Fault
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
 from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, measured_linears, measured_linears_allowing_copies
@@ -196,7 +195,7 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
 
 
 def split_linears_across_threads_interleaved(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control: parts filled strided, assembled as blocks."""
+    """A deliberately wrong pass (negative control): parts filled strided, assembled as blocks."""
     return _all_in_form(gm, FAULTY_FORMS["split_gemv"], rows=1)
 
 
@@ -217,7 +216,7 @@ def pack_linears_into_panels(gm: fx.GraphModule) -> int:
 
 
 def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for panels: each panel's columns reversed."""
+    """A deliberately wrong pass (negative control) for panels: each panel's columns reversed."""
     return _all_in_form(gm, FAULTY_FORMS["panels"], rows=1, require=True)
 
 
@@ -228,7 +227,7 @@ def run_linears_on_model_weights(gm: fx.GraphModule) -> int:
 
 
 def run_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the in-place form: each part's rows rotated."""
+    """A deliberately wrong pass (negative control) for the in-place form: each part's rows rotated."""
     return _all_in_form(gm, FAULTY_FORMS["rows"], rows=1, require=True)
 
 
@@ -238,7 +237,7 @@ def chain_linears_on_model_weights(gm: fx.GraphModule) -> int:
 
 
 def chain_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control for the prompt recipe: each part's rows rotated."""
+    """A deliberately wrong pass (negative control) for the prompt recipe: each part's rows rotated."""
     return _all_in_form(gm, FAULTY_FORMS["rows_chain"], rows=2, require=True)
 
 
@@ -312,16 +311,6 @@ BUILTIN_PASSES = (
 FX_PASSES: Registry[FxPass] = Registry("fuelpipe.fx_passes", "fx pass", FxPass)
 
 
-# Negative controls only: the faulty pass each fault swaps in for a correct one. Never in a normal config.
-FAULTY_PASSES = {
-    Fault.NAIVE_DCE: (("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),),
-    Fault.SPLIT_PARTS_INTERLEAVED: (
-        ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
-        ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
-        ("run_linears_on_model_weights", "run_linears_on_model_weights_rotated"),
-        ("chain_linears_on_model_weights", "chain_linears_on_model_weights_rotated"),
-    ),
-}
 # The explicit forms the measured pass chooses among that have a pass of their own (config_variants
 # runs each of them, so a form the measurement did not pick on this machine is still checked).
 MEASURED_FORM_PASSES = ("split_linears_across_threads", "pack_linears_into_panels", "run_linears_on_model_weights",
@@ -336,9 +325,3 @@ GEMM_INSTEAD = {"split_linears_across_threads": "transpose_linears_for_gemm"}
 def passes_for_rows(passes: tuple[str, ...], rows: int) -> tuple[str, ...]:
     """``passes`` for a step whose linears see ``rows`` rows per call (batch x tokens)."""
     return tuple(passes) if rows == 1 else tuple(GEMM_INSTEAD.get(p, p) for p in passes)
-
-
-def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
-    """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
-    swap = dict(FAULTY_PASSES.get(fault, ()))
-    return tuple(swap.get(p, p) for p in passes)

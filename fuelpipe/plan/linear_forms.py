@@ -209,7 +209,7 @@ FORMS: dict[str, LinearForm] = {
                              and kernels_available() is None, _rows_parts, _rows_chain_call, _rows_chain_emit,
                              copies=lambda lin: False),
 }
-# The negative control's forms (Fault.SPLIT_PARTS_INTERLEAVED): outputs assembled in the wrong order.
+# Deliberately wrong forms, for a negative control (fuelpipe.oracles.faulty): outputs assembled in the wrong order.
 FAULTY_FORMS: dict[str, LinearForm] = {
     "split_gemv": LinearForm("split_gemv_interleaved", FORMS["split_gemv"].usable,
                              lambda lin: _split_copy(lin, split_weight_interleaved), _split_call, _split_emit),

@@ -36,7 +36,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def pack_panels_misordered(weight: torch.Tensor) -> torch.Tensor:
-    """The negative control (Fault.SPLIT_PARTS_INTERLEAVED): each panel's 16 columns stored in reverse order,
+    """A deliberately wrong layout, for a negative control (fuelpipe.oracles.faulty): each panel's 16 columns stored in reverse order,
     so the kernel's outputs come back permuted within every group of 16."""
     return pack_panels(weight).flip(-1).contiguous()
 

@@ -49,7 +49,7 @@ _RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelp
 @dataclass(frozen=True)
 class PlanContentKey:
     graph: str
-    weights: str  # "" only under the negative control (Fault.PLAN_CACHE_IGNORES_WEIGHTS)
+    weights: str  # "" only when the spec keys without weights (a negative control)
     inputs: str
     step_kind: str
     backend: str

@@ -45,7 +45,7 @@ class PlanCacheSpec:
 
     dir: Optional[str] = None
     max_gb: float = 8.0
-    # Negative control only (Fault.PLAN_CACHE_IGNORES_WEIGHTS): key entries without the weight digest.
+    # False keys entries without the weight digest (only a negative control sets it: fuelpipe.oracles.faulty).
     key_weights: bool = True
     # A folder to copy a verified entry from on a miss, instead of compiling it (the plan_cache oracle's
     # private folder is seeded from the run's own); never written.

@@ -46,9 +46,7 @@ class DecodeSession:
         buffers: StepBuffers,
         signature: StepSignature,
         *,
-        stale_offset: bool = False,
         weights_pin: Optional[WeightsPin] = None,
-        partial_rebind: bool = False,
     ) -> None:
         self.program = program
         self._key = key
@@ -59,12 +57,9 @@ class DecodeSession:
         self.step_kind = signature.name
         self.realize_count = 0
         self.build_s = program.trace_s
-        self._stale_offset = stale_offset
-        self._stale_ints: Optional[tuple[int, int]] = None
         # Everything the key's weight identity names stays alive while the plan is held,
         # so no id or storage address it compares on can be recycled by a newcomer.
         self._weights_pin = weights_pin
-        self._partial_rebind = partial_rebind  # negative control only (Fault.PARTIAL_REBIND)
 
     # ---- validity -------------------------------------------------------------------------
     @property
@@ -115,10 +110,12 @@ class DecodeSession:
                         )
                     )
                 staged.append(incoming)
-                if self._partial_rebind:  # the fault: commit as checked, so a refusal leaves a half-rebound plan
-                    self._kv_bound[per_layer * layer + which] = incoming
+                self._slot_checked(per_layer * layer + which, incoming)
         self._kv_bound = staged
         self._key = _with_alloc(self._key, source.alloc_id)
+
+    def _slot_checked(self, index: int, incoming: torch.Tensor) -> None:
+        """Called as each bound slot passes the rebind check; nothing is committed until all have."""
 
     def bound_kv(self) -> list[torch.Tensor]:
         return list(self._kv_bound)
@@ -128,15 +125,14 @@ class DecodeSession:
         self._kv_bound[len(self._kv_bound) // self._key.n_layers * layer + which] = None  # type: ignore
 
     # ---- running --------------------------------------------------------------------------
+    def _token_data(self, host: TokenHostData) -> TokenHostData:
+        """The per-token data this token runs with: the caller's, as it is."""
+        return host
+
     def _call(self, host: TokenHostData) -> torch.Tensor:
-        b = self.buffers
-        # The STALE_OFFSET fault keeps the offset loaded for the build token forever.
-        b.load(host, stale_offset=self._stale_offset and self._stale_ints is not None)
-        if self._stale_offset and self._stale_ints is None:
-            self._stale_ints = (host.cached_len, host.attended_len)
-        if self._stale_ints is not None:
-            host = replace(host, cached_len=self._stale_ints[0], attended_len=self._stale_ints[1])
-        return self.program.fn(*self.signature.arguments(b, host, self._kv_bound))
+        host = self._token_data(host)
+        self.buffers.load(host)
+        return self.program.fn(*self.signature.arguments(self.buffers, host, self._kv_bound))
 
     def realize_first(self, host: TokenHostData) -> torch.Tensor:
         """Run the build token (includes any lazy compilation, counted as build time)."""

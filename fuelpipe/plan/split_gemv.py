@@ -63,7 +63,7 @@ def split_weight(weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, bool]:
 
 
 def split_weight_interleaved(weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, bool]:
-    """The Fault.SPLIT_PARTS_INTERLEAVED negative control: part p holds rows p, p + P, ... (strided), while
+    """A deliberately wrong form (for a negative control, fuelpipe.oracles.faulty): part p holds rows p, p + P, ... (strided), while
     ``split_gemv`` assembles its parts as contiguous blocks, so the outputs come back permuted."""
     n, k = weight.shape
     strided = weight.view(n // parts, parts, k).transpose(0, 1)  # [P, N/P, K]: part p = rows p::P

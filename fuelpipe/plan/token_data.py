@@ -72,18 +72,16 @@ class StepBuffers:
         self.rope_cos = torch.empty(host.rope_cos.shape, dtype=dtype, device=device)
         self.rope_sin = torch.empty(host.rope_sin.shape, dtype=dtype, device=device)
         self.mask = torch.empty(host.mask.shape, dtype=dtype, device=device)
-        # Filled at build so a stale-offset plan (negative control) keeps the offset it was built with.
         self.write_index = host.write_index.to(device, copy=True)
         self.block_table = None if host.block_table is None else torch.empty_like(host.block_table, device=device)
         self.slot_ids = None if host.slot_ids is None else torch.empty_like(host.slot_ids, device=device)
 
-    def load(self, host: TokenHostData, *, stale_offset: bool = False) -> None:
+    def load(self, host: TokenHostData) -> None:
         self.token_ids.copy_(host.token_ids, non_blocking=True)
         self.rope_cos.copy_(host.rope_cos, non_blocking=True)
         self.rope_sin.copy_(host.rope_sin, non_blocking=True)
         self.mask.copy_(host.mask, non_blocking=True)
-        if not stale_offset:
-            self.write_index.copy_(host.write_index, non_blocking=True)
+        self.write_index.copy_(host.write_index, non_blocking=True)
         if self.block_table is not None:
             self.block_table.copy_(host.block_table, non_blocking=True)
         if self.slot_ids is not None:

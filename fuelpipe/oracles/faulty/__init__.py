@@ -1,0 +1,164 @@
+"""Faulty strategies: what each negative control installs in place of a correct one.
+
+Production code exposes seams (``fuelpipe.plan.policy.PlanPolicy``'s hooks, a
+``DecodeSession`` subclass, fx passes by name) and knows no fault. Here each
+``Fault`` is a ``PlanPolicy`` that breaks exactly one rule; ``policy_for(fault)``
+is what an oracle hands its context for the negative control. Faults that are
+not a plan policy (planted shared code, kernel inputs, quantized scales) stay
+with their oracles.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+from fuelpipe.faults import Fault
+from fuelpipe.plan.backends import BackendSpec
+from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
+from fuelpipe.plan.session import DecodeSession
+from fuelpipe.plan.token_data import TokenHostData
+from fuelpipe.plan.validity import PlanKey
+from fuelpipe.plan.weights_identity import WeightsIdentity
+from fuelpipe.step import step_module_for
+
+IGNORED_WEIGHTS = WeightsIdentity((), (), (), ())  # what a key blind to the model's identity holds
+
+
+# ---- sessions ---------------------------------------------------------------------------
+class StaleOffsetSession(DecodeSession):
+    """Keeps the offset (write index, cached and attended lengths) of the build token forever."""
+
+    _built: Optional[TokenHostData] = None
+
+    def _token_data(self, host: TokenHostData) -> TokenHostData:
+        if self._built is None:
+            self._built = replace(host, write_index=host.write_index.clone())
+        b = self._built
+        return replace(host, write_index=b.write_index, cached_len=b.cached_len, attended_len=b.attended_len)
+
+
+class PartialRebindSession(DecodeSession):
+    """Commits each slot as it passes the rebind check, so a refusal leaves a half-rebound plan."""
+
+    def _slot_checked(self, index: int, incoming: torch.Tensor) -> None:
+        self._kv_bound[index] = incoming
+
+
+# ---- policies ---------------------------------------------------------------------------
+class StaleOffset(PlanPolicy):
+    session_class = StaleOffsetSession
+
+
+class PartialRebind(PlanPolicy):
+    session_class = PartialRebindSession
+
+
+class IgnoreModelIdentity(PlanPolicy):
+    def key(self, key: PlanKey) -> PlanKey:
+        return replace(key, shape_key=0, weights=IGNORED_WEIGHTS)
+
+
+class IgnoreAllocation(PlanPolicy):
+    def key(self, key: PlanKey) -> PlanKey:
+        return replace(key, alloc_id=None)
+
+
+class RebuildEveryToken(PlanPolicy):
+    def reuses_plans(self) -> bool:
+        return False
+
+
+class UnsafeMaskedSlots(PlanPolicy):
+    def step_module(self, backbone, signature):
+        return step_module_for(backbone, signature, keep_masked_garbage=True)
+
+
+class StaleRope(PlanPolicy):
+    def tables_kept_on_rope_change(self, tables):
+        return tables  # keeps serving the old rows
+
+
+class SharedBatchPosition(PlanPolicy):
+    def batch_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions[:1].expand(len(positions)).clone()  # row 0's position serves every row
+
+
+class StalePaddingRow(PlanPolicy):
+    def padding_rows(self, last_rows: list, live: int, bucket: int) -> Optional[dict]:
+        # a padding row keeps the slot of the sequence that last sat in that row
+        return {i: last_rows[i] for i in range(live, min(bucket, len(last_rows))) if last_rows[i] is not None}
+
+
+class RebuildOnJoin(PlanPolicy):
+    def bucket_key(self, rows: list) -> tuple:
+        return (("rows", tuple(id(r) for r in rows)),)  # keyed on which sequences are live
+
+
+class PackedPrefillCrossRows(PlanPolicy):
+    def packed_segment(self, segment: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(segment)  # one segment: causal over the whole packed row
+
+
+# The faulty pass each fault swaps in for a correct one.
+FAULTY_PASSES = {
+    Fault.NAIVE_DCE: (("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),),
+    Fault.SPLIT_PARTS_INTERLEAVED: (
+        ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
+        ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
+        ("run_linears_on_model_weights", "run_linears_on_model_weights_rotated"),
+        ("chain_linears_on_model_weights", "chain_linears_on_model_weights_rotated"),
+    ),
+}
+
+
+def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
+    """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
+    swap = dict(FAULTY_PASSES.get(fault, ()))
+    return tuple(swap.get(p, p) for p in passes)
+
+
+class FaultyPasses(PlanPolicy):
+    """Builds with the fault's faulty fx pass in place of the correct one."""
+
+    def __init__(self, fault: Fault) -> None:
+        self.fault = fault
+
+    def backend(self, spec: BackendSpec) -> BackendSpec:
+        return dataclasses.replace(spec, fx_passes=passes_under(self.fault, spec.fx_passes))
+
+
+class AotConstantsMisbound(PlanPolicy):
+    def backend(self, spec: BackendSpec) -> BackendSpec:
+        return dataclasses.replace(spec, misbind_constants=True)
+
+
+class PlanCacheIgnoresWeights(PlanPolicy):
+    def backend(self, spec: BackendSpec) -> BackendSpec:
+        return dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
+
+
+POLICIES: dict[Fault, PlanPolicy] = {
+    Fault.STALE_OFFSET: StaleOffset(),
+    Fault.PARTIAL_REBIND: PartialRebind(),
+    Fault.IGNORE_MODEL_IDENTITY: IgnoreModelIdentity(),
+    Fault.IGNORE_ALLOCATION: IgnoreAllocation(),
+    Fault.REBUILD_EVERY_TOKEN: RebuildEveryToken(),
+    Fault.UNSAFE_MASKED_SLOTS: UnsafeMaskedSlots(),
+    Fault.STALE_ROPE: StaleRope(),
+    Fault.SHARED_BATCH_POSITION: SharedBatchPosition(),
+    Fault.STALE_PADDING_ROW: StalePaddingRow(),
+    Fault.REBUILD_ON_JOIN: RebuildOnJoin(),
+    Fault.PACKED_PREFILL_CROSS_ROWS: PackedPrefillCrossRows(),
+    Fault.NAIVE_DCE: FaultyPasses(Fault.NAIVE_DCE),
+    Fault.SPLIT_PARTS_INTERLEAVED: FaultyPasses(Fault.SPLIT_PARTS_INTERLEAVED),
+    Fault.AOT_CONSTANTS_MISBOUND: AotConstantsMisbound(),
+    Fault.PLAN_CACHE_IGNORES_WEIGHTS: PlanCacheIgnoresWeights(),
+}
+
+
+def policy_for(fault: Fault) -> PlanPolicy:
+    """The plan policy that injects ``fault`` (the correct one for a fault that is not a plan policy)."""
+    return POLICIES.get(fault, DEFAULT_POLICY)

@@ -8,7 +8,7 @@ or a deep copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from torch import nn
 
@@ -62,6 +62,20 @@ class DecoderModel(nn.Module):
 
 
 @dataclass(frozen=True)
+class TransformersTwin:
+    """How a family's config becomes a Hugging Face transformers model (the ``vs_transformers`` reference).
+
+    ``config`` builds the transformers config from the family's config *inputs*
+    (it is called with the transformers module, imported only when a twin is
+    built); ``architecture`` is the transformers class name, as config.json's
+    ``architectures`` lists it. ``fuelpipe.oracles.hf_twin`` builds and loads the twin.
+    """
+
+    config: Callable[[Any, Any], Any]  # (fuelpipe config, transformers module) -> transformers config
+    architecture: str
+
+
+@dataclass(frozen=True)
 class FamilyEntry:
     """A model family as the registry knows it (``fuelpipe.families`` entry points).
 
@@ -70,7 +84,9 @@ class FamilyEntry:
     (checkpoint loaders build it from file metadata, and overrides are checked
     against its fields); ``architectures`` say which checkpoint architectures
     (GGUF ``general.architecture``, HF ``architectures``) this family loads and
-    how their names map onto its parameters.
+    how their names map onto its parameters; ``twin`` says how transformers
+    builds the same model (None: the family has no transformers twin, and
+    ``vs_transformers`` skips it saying so).
     """
 
     name: str
@@ -79,12 +95,16 @@ class FamilyEntry:
     is_mla: bool = False
     config_cls: type | None = None
     architectures: tuple = ()  # fuelpipe.weights.architectures.Architecture, one per checkpoint architecture
+    twin: Optional[TransformersTwin] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_cls, type):
             raise ConfigError(f"family {self.name!r}: model_cls must be a class, got {self.model_cls!r}")
         if not self.sizes:
             raise ConfigError(f"family {self.name!r} names no sizes; give at least one builder (e.g. 'tiny')")
+        if self.twin is not None and not isinstance(self.twin, TransformersTwin):
+            raise ConfigError(f"family {self.name!r}: twin must be a fuelpipe.family.TransformersTwin, "
+                              f"got {type(self.twin).__name__} {self.twin!r}")
         for arch in self.architectures:
             if getattr(arch, "family", self.name) != self.name:
                 raise ConfigError(f"family {self.name!r} lists an architecture of family {arch.family!r}")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from fuelpipe.oracles.hf_twin import TWINS as HF_TWINS, hf_config, hf_model, load_from_hf
+from fuelpipe.oracles.hf_twin import hf_config, hf_model, load_from_hf, twins
 from models.registry import build_config, family
+
+HF_TWINS = twins()  # every registered family's twin (models/<family>/twin.py), by family name
 
 __all__ = ["HF_TWINS", "build_pair", "hf_config", "hf_logits_growing", "hf_model", "load_from_hf", "randomize_hf"]
 

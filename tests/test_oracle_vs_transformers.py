@@ -108,12 +108,12 @@ class _Recorder:
         return getattr(self._config, name)
 
 
-@pytest.mark.parametrize("fam", sorted(hf_twin.TWINS))
+@pytest.mark.parametrize("fam", sorted(hf_twin.twins()))
 def test_twin_reads_every_config_field(fam):
     """A field the twin ignores would let a config value be wrong on both sides, or differ silently."""
     config = build_config(fam, "tiny")
     recorder = _Recorder(config)
-    hf_twin.TWINS[fam].config(recorder, hf_twin._transformers())
+    hf_twin.twins()[fam].config(recorder, hf_twin._transformers())
     assert {f.name for f in dataclasses.fields(config)} - recorder.read == set()
 
 
@@ -134,7 +134,9 @@ def test_a_config_the_twin_cannot_express_is_skipped_with_the_reason(compose_cfg
     def inexpressible(theta, scaling=None, **extra):
         raise hf_twin.TwinError("RoPE scaling kind 'yarn' has no transformers rope_type mapping")
 
-    monkeypatch.setattr(hf_twin, "rope_parameters", inexpressible)
+    import models.llama.twin  # the family's own twin (models/llama/twin.py) writes the RoPE entry
+
+    monkeypatch.setattr(models.llama.twin, "rope_parameters", inexpressible)
     result = _run(compose_cfg, "llama_tiny", "contiguous", "vs_transformers")
     assert result.skipped and not result.passed and "no faithful transformers twin" in result.detail
 

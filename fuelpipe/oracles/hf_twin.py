@@ -1,6 +1,9 @@
 """Hugging Face transformers twins of fuelpipe models: the external reference of ``vs_transformers``.
 
-For a fuelpipe config, ``hf_config`` writes the matching transformers config
+Each family states its twin in its own folder (``models/<family>/twin.py``,
+registered as ``FamilyEntry.twin``), so an installed family can have one
+too; here the twin is looked up by family name, built and loaded. For a
+fuelpipe config, the family's twin writes the matching transformers config
 from the config's *inputs* (window, ``max_window_layers``,
 ``sliding_window_pattern``, RoPE bases and scaling), so transformers derives
 each layer's kind, window and RoPE frequencies on its own; nothing is copied
@@ -16,14 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Optional
 
 import torch
 
 from fuelpipe.errors import FuelpipeError
+from fuelpipe.family import TransformersTwin
 from fuelpipe.rope import RopeScaling
+from models.registry import families
 
 MIN_TRANSFORMERS = 5  # rope_parameters (per-layer-kind RoPE) is the transformers-5 config layout
 HF_COMMON = dict(attn_implementation="eager", pad_token_id=None, bos_token_id=1, eos_token_id=2)
@@ -48,8 +51,11 @@ def unavailable_reason(family_name: Optional[str] = None) -> Optional[str]:
     major = int(tf.__version__.split(".")[0])
     if major < MIN_TRANSFORMERS:
         return f"transformers {tf.__version__} is too old: the twin needs >= {MIN_TRANSFORMERS} (rope_parameters)"
-    if family_name is not None and family_name not in TWINS:
-        return f"family {family_name!r} has no transformers twin; twinned: {', '.join(sorted(TWINS))}"
+    if family_name is not None:
+        try:
+            _twin(family_name)
+        except TwinError as err:
+            return str(err)
     return None
 
 
@@ -85,7 +91,8 @@ def rope_parameters(theta: float, scaling: RopeScaling = RopeScaling(), **extra)
     return {**params, "rope_theta": theta, **extra}
 
 
-def _geometry(c) -> dict:
+def geometry(c) -> dict:
+    """The transformers config fields every Llama-shaped family spells the same way."""
     return dict(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
@@ -98,91 +105,16 @@ def _geometry(c) -> dict:
     )
 
 
-def _llama(c, tf):
-    return tf.LlamaConfig(
-        **_geometry(c), **HF_COMMON, head_dim=c.resolved_head_dim,
-        rope_parameters=rope_parameters(c.rope_theta, c.rope_scaling),
-        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias, mlp_bias=c.mlp_bias,
-    )
+def twins() -> dict[str, TransformersTwin]:
+    """Every registered family's twin (built-in and installed), by family name: each family's ``FamilyEntry.twin``."""
+    return {name: entry.twin for name, entry in families().items() if entry.twin is not None}
 
 
-def _phi(c, tf):
-    return tf.Phi3Config(
-        **_geometry(c), **HF_COMMON,
-        rope_parameters=rope_parameters(c.rope_theta, partial_rotary_factor=c.partial_rotary_factor),
-        sliding_window=c.sliding_window, tie_word_embeddings=c.tie_word_embeddings,
-    )
-
-
-def _qwen3(c, tf):
-    return tf.Qwen3Config(
-        **_geometry(c), **HF_COMMON, head_dim=c.head_dim,
-        rope_parameters=rope_parameters(c.rope_theta, c.rope_scaling),
-        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
-        use_sliding_window=c.use_sliding_window, sliding_window=c.sliding_window,
-        max_window_layers=c.max_window_layers,
-        layer_types=list(c.layer_types) if c.layer_types is not None else None,
-    )
-
-
-def _whole(x):
-    """A float that holds a whole number as an int: transformers' config fields are typed (a checkpoint's 24.0)."""
-    return int(x) if isinstance(x, float) and x.is_integer() else x
-
-
-def _gemma3(c, tf):
-    return tf.Gemma3TextConfig(
-        **_geometry(c), **HF_COMMON, head_dim=c.head_dim,
-        query_pre_attn_scalar=_whole(c.query_pre_attn_scalar),
-        hidden_activation="gelu_pytorch_tanh",
-        rope_parameters={
-            "full_attention": rope_parameters(c.rope_theta, c.rope_scaling),
-            "sliding_attention": rope_parameters(c.rope_local_base_freq),
-        },
-        sliding_window=c.sliding_window, sliding_window_pattern=c.sliding_window_pattern,
-        layer_types=list(c.layer_types) if c.layer_types is not None else None,
-        final_logit_softcapping=c.final_logit_softcapping, tie_word_embeddings=True,
-    )
-
-
-def _deepseek_v2(c, tf):
-    moe = c.n_routed_experts > 0
-    cfg = tf.DeepseekV2Config(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_attention_heads, kv_lora_rank=c.kv_lora_rank, q_lora_rank=c.q_lora_rank,
-        qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
-        moe_intermediate_size=c.moe_intermediate_size or 1, n_routed_experts=c.n_routed_experts or 1,
-        n_shared_experts=c.n_shared_experts or 1, num_experts_per_tok=c.num_experts_per_tok or 1,
-        routed_scaling_factor=c.routed_scaling_factor, topk_method=c.topk_method,
-        first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        rope_parameters=rope_parameters(c.rope_theta, c.rope_scaling), tie_word_embeddings=c.tie_word_embeddings,
-        attention_bias=c.attention_bias,
-    )
-    cfg._attn_implementation = "eager"
-    return cfg
-
-
-@dataclass(frozen=True)
-class Twin:
-    config: Callable[[Any, Any], Any]  # (fuelpipe config, transformers module) -> transformers config
-    architecture: str  # the transformers class name, as config.json's "architectures" lists it
-
-
-TWINS: Mapping[str, Twin] = MappingProxyType({
-    "llama": Twin(_llama, "LlamaForCausalLM"),
-    "phi": Twin(_phi, "Phi3ForCausalLM"),
-    "qwen3": Twin(_qwen3, "Qwen3ForCausalLM"),
-    "gemma3": Twin(_gemma3, "Gemma3ForCausalLM"),
-    "deepseek_v2": Twin(_deepseek_v2, "DeepseekV2ForCausalLM"),
-})
-
-
-def _twin(family_name: str) -> Twin:
-    if family_name not in TWINS:
-        raise TwinError(f"family {family_name!r} has no transformers twin; twinned: {', '.join(sorted(TWINS))}")
-    return TWINS[family_name]
+def _twin(family_name: str) -> TransformersTwin:
+    known = twins()
+    if family_name not in known:
+        raise TwinError(f"family {family_name!r} has no transformers twin; twinned: {', '.join(sorted(known))}")
+    return known[family_name]
 
 
 def hf_config(family_name: str, config):

@@ -163,6 +163,18 @@ class HfConfigReader(_TypedValues):
             attention_factor=self.float_("attention_factor", None), truncate=self.bool_("truncate", d["truncate"]),
         )
 
+    def decoder_geometry(self) -> dict[str, int]:
+        """The sizes every dense decoder's config.json spells alike; ``num_key_value_heads`` defaults to the heads."""
+        heads = self.int_("num_attention_heads")
+        return dict(
+            vocab_size=self.int_("vocab_size"),
+            hidden_size=self.int_("hidden_size"),
+            intermediate_size=self.int_("intermediate_size"),
+            num_hidden_layers=self.int_("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=self.int_("num_key_value_heads", heads),
+        )
+
     def require_activation(self, key: str, allowed: tuple[str, ...]) -> None:
         act = self.opt(key, allowed[0])
         if act not in allowed:

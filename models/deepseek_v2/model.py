@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fuelpipe.backbone import DecodeDims, LayerInputs
-from fuelpipe.family import DecoderModel
+from fuelpipe.backbone import LayerInputs
+from fuelpipe.decoder_skeleton import NormFactory, PreNormLayer, StackedDecoder
 from fuelpipe.layers import GatedMLP, RMSNorm
-from fuelpipe.masks import MaskPlan
 from fuelpipe.rope import RopePlan, RopeSpec, apply_rotary_interleaved
 from models.deepseek_v2.config import ROPE_FIELDS, DeepseekV2Config
 
@@ -56,7 +55,9 @@ class MultiHeadLatentAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)
         return w[:, : self.nope], w[:, self.nope :]
 
-    def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, inputs: LayerInputs, rotary_dim: int) -> torch.Tensor:
+        # rotary_dim (the RoPE plan's width) is qk_rope_head_dim by construction; the checkpoint's
+        # split of q and of the compressed key (self.rope) is what this code reads.
         H = self.n_heads
         q = self.query(x).unflatten(-1, (H, self.nope + self.rope)).transpose(1, 2)  # [B, H, T, qk]
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
@@ -122,52 +123,26 @@ class DeepseekV2Moe(nn.Module):
         return routed.view_as(x)  # [B, T, hidden]
 
 
-class DeepseekV2DecoderLayer(nn.Module):
-    def __init__(self, c: DeepseekV2Config, index: int, device=None, dtype=None) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
-        self.self_attn = MultiHeadLatentAttention(c, device, dtype)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
-        self.mlp = (DeepseekV2Moe(c, device, dtype) if c.is_moe_layer(index)
-                    else GatedMLP(c.hidden_size, c.intermediate_size, "silu", False, device, dtype))
-
-    def forward(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), inputs)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class DeepseekV2Model(DecoderModel):
+class DeepseekV2Model(StackedDecoder):
     family = "deepseek_v2"
     rope_fields = ROPE_FIELDS
     offset_mode = "tensor"
 
     def __init__(self, config: DeepseekV2Config, *, device=None, dtype=torch.float32) -> None:
-        super().__init__()
-        c = self.config = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=device, dtype=dtype)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(c, i, device, dtype) for i in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device, dtype=dtype)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device, dtype=dtype)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.requires_grad_(False)
-        self.latent_slots = ((c.kv_lora_rank,), (c.qk_rope_head_dim,))
-        self.dims = DecodeDims(
-            n_layers=c.num_hidden_layers, hidden_size=c.hidden_size, n_heads=c.num_attention_heads,
-            n_kv_heads=1, head_dim=c.qk_head_dim, vocab_size=c.vocab_size,
-            max_position_embeddings=c.max_position_embeddings,
-        )
-        self.mask_plan = MaskPlan.full(c.num_hidden_layers)
-        self.rope_plan = _rope_plan_of(c)
+        super().__init__(config, device=device, dtype=dtype)
+        self.latent_slots = ((config.kv_lora_rank,), (config.qk_rope_head_dim,))  # [r], [rope] per token
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
+    def build_layer(self, index: int, norm: NormFactory, device, dtype) -> PreNormLayer:
+        c: DeepseekV2Config = self.config
+        mlp = (DeepseekV2Moe(c, device, dtype) if c.is_moe_layer(index)
+               else GatedMLP(c.hidden_size, c.intermediate_size, "silu", False, device, dtype))
+        return PreNormLayer(c.hidden_size, norm, MultiHeadLatentAttention(c, device, dtype), mlp)
 
-    def apply_layer(self, index: int, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        return self.layers[index](h, inputs)
+    def kv_geometry(self) -> tuple[int, int]:
+        return 1, self.config.qk_head_dim  # one latent "head" per token; the slots above say what it holds
 
-    def final(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h))
+    def build_rope_plan(self) -> RopePlan:
+        return _rope_plan_of(self.config)
 
     def expanded_kv_bytes_per_token(self, element_size: int) -> int:
         """What an equivalent expanded K/V cache would store per token (all heads, all layers)."""

@@ -73,15 +73,10 @@ def gemma3_hf_config(h: HfConfigReader) -> dict:
     else:
         theta, scaling = h.rope(default_theta=1_000_000.0)
         local_theta = h.float_("rope_local_base_freq", 10_000.0)
-    heads = h.int_("num_attention_heads")
+    geometry = h.decoder_geometry()
     layer_types = h.opt("layer_types")
     return dict(
-        vocab_size=h.int_("vocab_size"),
-        hidden_size=h.int_("hidden_size"),
-        intermediate_size=h.int_("intermediate_size"),
-        num_hidden_layers=h.int_("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        **geometry,
         head_dim=h.int_("head_dim", 256),
         query_pre_attn_scalar=h.float_("query_pre_attn_scalar", 256),
         rms_norm_eps=h.float_("rms_norm_eps", 1e-6),

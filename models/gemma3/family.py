@@ -6,6 +6,7 @@ from fuelpipe.family import FamilyEntry
 from models.gemma3.checkpoint import GEMMA3_ARCHITECTURE
 from models.gemma3.config import Gemma3Config, gemma3_1b, gemma3_tiny
 from models.gemma3.model import Gemma3Model
+from models.gemma3.twin import GEMMA3_TWIN
 
 FAMILY = FamilyEntry(
     "gemma3",
@@ -13,4 +14,5 @@ FAMILY = FamilyEntry(
     {"tiny": gemma3_tiny, "gemma3_1b": gemma3_1b},
     config_cls=Gemma3Config,
     architectures=(GEMMA3_ARCHITECTURE,),
+    twin=GEMMA3_TWIN,
 )

@@ -11,54 +11,25 @@ RoPE spec are picked by the shared step from ``mask_plan`` and ``rope_plan``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from fuelpipe.backbone import DecodeDims, LayerInputs
-from fuelpipe.family import DecoderModel
-from fuelpipe.quant.modules import embedding_head
-from fuelpipe.layers import GatedMLP, RMSNorm, cached_attention, merge_heads, split_heads
+from fuelpipe.backbone import LayerInputs
+from fuelpipe.decoder_skeleton import GroupedQueryAttention, NormFactory, PreNormLayer, StackedDecoder
+from fuelpipe.layers import GatedMLP, RMSNorm
 from fuelpipe.masks import SLIDING, MaskPlan
+from fuelpipe.quant.modules import embedding_head
 from fuelpipe.rope import RopePlan, RopeSpec
 from models.gemma3.config import ROPE_FIELDS, Gemma3Config
 
 LOCAL_SPEC, GLOBAL_SPEC = 0, 1  # indices into the RoPE plan's specs
 
 
-def _norm(dim: int, c: Gemma3Config, device, dtype) -> RMSNorm:
-    return RMSNorm(dim, c.rms_norm_eps, unit_offset=True, device=device, dtype=dtype)
+class SandwichNormLayer(PreNormLayer):
+    """Each sub-block between a pre- and a post-norm; ``post_attention_layernorm`` wraps attention's output."""
 
-
-class Gemma3Attention(nn.Module):
-    def __init__(self, c: Gemma3Config, device=None, dtype=None) -> None:
-        super().__init__()
-        d = c.head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, d
-        self.scale = c.query_pre_attn_scalar**-0.5
-        kw = dict(bias=False, device=device, dtype=dtype)
-        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * d, **kw)
-        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * d, **kw)
-        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * d, **kw)
-        self.o_proj = nn.Linear(self.n_heads * d, c.hidden_size, **kw)
-        self.q_norm = _norm(d, c, device, dtype)  # over head_dim, per head
-        self.k_norm = _norm(d, c, device, dtype)
-
-    def forward(self, x: torch.Tensor, inputs: LayerInputs, rotary_dim: int) -> torch.Tensor:
-        q = self.q_norm(split_heads(self.q_proj(x), self.n_heads, self.head_dim))  # [1, H, T, D]
-        k = self.k_norm(split_heads(self.k_proj(x), self.n_kv_heads, self.head_dim))  # [1, Hkv, T, D]
-        v = split_heads(self.v_proj(x), self.n_kv_heads, self.head_dim)  # [1, Hkv, T, D]
-        return self.o_proj(merge_heads(cached_attention(q, k, v, inputs, self.scale, rotary_dim, self.head_dim)))
-
-
-class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, c: Gemma3Config, device=None, dtype=None) -> None:
-        super().__init__()
-        self.input_layernorm = _norm(c.hidden_size, c, device, dtype)
-        self.self_attn = Gemma3Attention(c, device, dtype)
-        self.post_attention_layernorm = _norm(c.hidden_size, c, device, dtype)
-        self.pre_feedforward_layernorm = _norm(c.hidden_size, c, device, dtype)
-        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, "gelu_tanh", False, device, dtype)
-        self.post_feedforward_layernorm = _norm(c.hidden_size, c, device, dtype)
+    def __init__(self, hidden: int, norm: NormFactory, attn, mlp) -> None:
+        super().__init__(hidden, norm, attn, mlp)
+        self.pre_feedforward_layernorm = norm(hidden)
+        self.post_feedforward_layernorm = norm(hidden)
 
     def forward(self, h: torch.Tensor, inputs: LayerInputs, rotary_dim: int) -> torch.Tensor:
         h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), inputs, rotary_dim))
@@ -73,38 +44,36 @@ def gemma3_rope_plan(c: Gemma3Config) -> RopePlan:
     return RopePlan(specs=(local, global_), layer_spec=layer_spec)
 
 
-class Gemma3Model(DecoderModel):
+class Gemma3Model(StackedDecoder):
     family = "gemma3"
     rope_fields = ROPE_FIELDS
     offset_mode = "tensor"
+    has_lm_head = False  # the head is the embedding table (plain or quantized), see final()
 
     def __init__(self, config: Gemma3Config, *, device=None, dtype=torch.float32) -> None:
-        super().__init__()
-        c = self.config = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=device, dtype=dtype)
+        super().__init__(config, device=device, dtype=dtype)
         # sqrt(hidden) is rounded to the model dtype before it scales (bf16: sqrt(3072) -> 55.5).
-        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item()
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(c, device, dtype) for _ in range(c.num_hidden_layers))
-        self.norm = _norm(c.hidden_size, c, device, dtype)
-        self.requires_grad_(False)
-        self.dims = DecodeDims(
-            n_layers=c.num_hidden_layers,
-            hidden_size=c.hidden_size,
-            n_heads=c.num_attention_heads,
-            n_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            vocab_size=c.vocab_size,
-            max_position_embeddings=c.max_position_embeddings,
-        )
-        self.mask_plan = MaskPlan(c.resolved_layer_types, c.sliding_window)
-        self.rope_plan = gemma3_rope_plan(c)
+        self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype).item()
+
+    def build_norm(self, dim: int, *, device, dtype) -> RMSNorm:
+        return RMSNorm(dim, self.config.rms_norm_eps, unit_offset=True, device=device, dtype=dtype)
+
+    def build_layer(self, index: int, norm: NormFactory, device, dtype) -> SandwichNormLayer:
+        c: Gemma3Config = self.config
+        attn = GroupedQueryAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                     scale=c.query_pre_attn_scalar**-0.5, qk_norm=norm, device=device, dtype=dtype)
+        mlp = GatedMLP(c.hidden_size, c.intermediate_size, "gelu_tanh", False, device, dtype)
+        return SandwichNormLayer(c.hidden_size, norm, attn, mlp)
+
+    def build_mask_plan(self) -> MaskPlan:
+        return MaskPlan(self.config.resolved_layer_types, self.config.sliding_window)
+
+    def build_rope_plan(self) -> RopePlan:
+        return gemma3_rope_plan(self.config)
 
     # ---- DecodeBackbone ------------------------------------------------------------------
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(token_ids) * self.embed_scale
-
-    def apply_layer(self, index: int, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        return self.layers[index](h, inputs, self.rope_plan.rotary_dim)
 
     def final(self, h: torch.Tensor) -> torch.Tensor:
         logits = embedding_head(self.embed_tokens, self.norm(h))  # tied head (plain or quantized table)

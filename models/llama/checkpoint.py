@@ -45,14 +45,9 @@ def llama_gguf_config(m: GgufConfigReader) -> dict:
 def llama_hf_config(h: HfConfigReader) -> dict:
     h.require_activation("hidden_act", ("silu",))
     theta, scaling = h.rope()
-    heads = h.int_("num_attention_heads")
+    geometry = h.decoder_geometry()
     return dict(
-        vocab_size=h.int_("vocab_size"),
-        hidden_size=h.int_("hidden_size"),
-        intermediate_size=h.int_("intermediate_size"),
-        num_hidden_layers=h.int_("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        **geometry,
         head_dim=h.int_("head_dim", None),
         rms_norm_eps=h.float_("rms_norm_eps", 1e-6),
         rope_theta=theta,

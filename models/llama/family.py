@@ -6,6 +6,7 @@ from fuelpipe.family import FamilyEntry
 from models.llama.checkpoint import LLAMA_ARCHITECTURE
 from models.llama.config import LlamaConfig, llama_tiny, smollm2_135m
 from models.llama.model import LlamaModel
+from models.llama.twin import LLAMA_TWIN
 
 FAMILY = FamilyEntry(
     "llama",
@@ -13,4 +14,5 @@ FAMILY = FamilyEntry(
     {"tiny": llama_tiny, "smollm2_135m": smollm2_135m},
     config_cls=LlamaConfig,
     architectures=(LLAMA_ARCHITECTURE,),
+    twin=LLAMA_TWIN,
 )

@@ -17,14 +17,9 @@ def phi3_hf_config(h: HfConfigReader) -> dict:
     if scaling.kind != "none":
         raise CheckpointConfigError(h.path, f"RoPE scaling {scaling.kind!r} is not supported by the phi family")
     params = h.cfg.get("rope_parameters") or {}
-    heads = h.int_("num_attention_heads")
+    geometry = h.decoder_geometry()
     return dict(
-        vocab_size=h.int_("vocab_size"),
-        hidden_size=h.int_("hidden_size"),
-        intermediate_size=h.int_("intermediate_size"),
-        num_hidden_layers=h.int_("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=h.int_("num_key_value_heads", heads),
+        **geometry,
         rms_norm_eps=h.float_("rms_norm_eps", 1e-5),
         rope_theta=theta,
         partial_rotary_factor=h.float_("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)),

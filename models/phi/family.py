@@ -6,6 +6,7 @@ from fuelpipe.family import FamilyEntry
 from models.phi.checkpoint import PHI3_ARCHITECTURE
 from models.phi.config import PhiConfig, phi3_mini_4k, phi_tiny
 from models.phi.model import PhiModel
+from models.phi.twin import PHI3_TWIN
 
 FAMILY = FamilyEntry(
     "phi",
@@ -13,4 +14,5 @@ FAMILY = FamilyEntry(
     {"tiny": phi_tiny, "phi3_mini_4k": phi3_mini_4k},
     config_cls=PhiConfig,
     architectures=(PHI3_ARCHITECTURE,),
+    twin=PHI3_TWIN,
 )

@@ -22,6 +22,7 @@ import torch
 
 from fuelpipe.errors import KvCacheError, KvCapacityError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.contiguous import ContiguousKvCache, KvLayer
 from fuelpipe.kv.latent import LatentKvCache
 from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, PagedSequence, PoolFacing
@@ -60,7 +61,7 @@ class _SlotAllocator:
         self._free.append(slot)
 
 
-class _BatchBase:
+class _BatchBase(Allocation):
     """What the batch-slot caches share: slots, identity, residency, the rebind-source protocol."""
 
     kv_layout = ""
@@ -73,14 +74,6 @@ class _BatchBase:
         self._device_location: Optional[torch.device] = self._bound[0].device
 
     @property
-    def alloc_id(self) -> KvAllocId:
-        return self._alloc_id
-
-    @property
-    def device_location(self) -> Optional[torch.device]:
-        return self._device_location
-
-    @property
     def max_rows(self) -> int:
         return self._allocator.n_slots
 
@@ -91,6 +84,17 @@ class _BatchBase:
     @property
     def width(self) -> int:
         return self.max_seq_len
+
+    def slot_handle(self, slot: int):
+        """A one-sequence cache over ``slot``'s views (each batch cache names its own kind)."""
+        raise NotImplementedError
+
+    def acquire(self):
+        """The lowest free slot as a one-sequence cache over its views; ``KvOutOfSlotsError`` when none is free."""
+        slot = self._allocator.take()
+        handle = self.slot_handle(slot)
+        self._allocator.held[slot] = handle
+        return handle
 
     def owns(self, handle) -> bool:
         return getattr(handle, "batch", None) is self and self._allocator.held.get(handle.slot) is handle
@@ -175,11 +179,8 @@ class BatchKvCache(_BatchBase):
     def plan_geometry(self, bucket: int, seq: int) -> tuple:
         return (("bucket", bucket), ("seq", seq), ("slots", self.max_rows + 1), ("max_seq_len", self.max_seq_len))
 
-    def acquire(self) -> "SlotCache":
-        slot = self._allocator.take()
-        handle = SlotCache(self, slot)
-        self._allocator.held[slot] = handle
-        return handle
+    def slot_handle(self, slot: int) -> "SlotCache":
+        return SlotCache(self, slot)
 
 
 class SlotCache(ContiguousKvCache):
@@ -236,11 +237,8 @@ class BatchLatentCache(_BatchBase):
         return (("bucket", bucket), ("seq", seq), ("slots", self.max_rows + 1), ("max_seq_len", self.max_seq_len),
                 ("latent", self.slot_trailing))
 
-    def acquire(self) -> "LatentSlotCache":
-        slot = self._allocator.take()
-        handle = LatentSlotCache(self, slot)
-        self._allocator.held[slot] = handle
-        return handle
+    def slot_handle(self, slot: int) -> "LatentSlotCache":
+        return LatentSlotCache(self, slot)
 
 
 class LatentSlotCache(LatentKvCache):

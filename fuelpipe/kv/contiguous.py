@@ -19,6 +19,7 @@ from fuelpipe.errors import (
     KvNoCapacityError,
 )
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 K, V = 0, 1
@@ -36,7 +37,7 @@ class KvLayer:
         return (self.k, self.v)[which]
 
 
-class ContiguousKvCache:
+class ContiguousKvCache(Allocation):
     """One request's KV allocation for every layer of one model."""
 
     kv_layout = "contiguous"  # fuelpipe.kv.contiguous_layout
@@ -87,16 +88,6 @@ class ContiguousKvCache:
         ]
         # Measured at the one moment it is certain: we just allocated every buffer here.
         self._device_location = self.layers[0].k.device
-
-    # ---- identity -------------------------------------------------------------------------
-    @property
-    def alloc_id(self) -> KvAllocId:
-        return self._alloc_id
-
-    @property
-    def device_location(self) -> Optional[torch.device]:
-        """Where every buffer provably lives; None means "cannot prove" and is a refusal, not CPU."""
-        return self._device_location
 
     @property
     def has_capacity(self) -> bool:

@@ -14,10 +14,11 @@ import torch
 
 from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 
-class LatentKvCache:
+class LatentKvCache(Allocation):
     kv_layout = "latent"  # fuelpipe.kv.latent_layout
     batched = False
 
@@ -53,15 +54,6 @@ class LatentKvCache:
         self.versions = [[0] * len(self.slot_trailing) for _ in range(self.n_layers)]
         self._alloc_id = KvAllocId.mint()
         self._device_location: Optional[torch.device] = self.slots[0][0].device
-
-    # ---- identity -------------------------------------------------------------------------
-    @property
-    def alloc_id(self) -> KvAllocId:
-        return self._alloc_id
-
-    @property
-    def device_location(self) -> Optional[torch.device]:
-        return self._device_location
 
     @property
     def n_slots(self) -> int:

@@ -15,6 +15,7 @@ import torch
 
 from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 NULL_BLOCK = 0
@@ -24,7 +25,7 @@ class KvOutOfBlocksError(KvCapacityError):
     """The pool has too few free blocks; nothing was allocated or written."""
 
 
-class KvBlockPool:
+class KvBlockPool(Allocation):
     def __init__(self, n_layers, n_kv_heads, head_dim, num_blocks, block_size, dtype=torch.float32, device="cpu"):
         n_layers, n_kv_heads, head_dim, block_size = (
             check_size("KvBlockPool", name, v) for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
@@ -40,14 +41,6 @@ class KvBlockPool:
         self._alloc_id = KvAllocId.mint()
         self._device_location: Optional[torch.device] = self.k[0].device
         self._free = list(range(num_blocks - 1, NULL_BLOCK, -1))  # pop() hands out low ids first
-
-    @property
-    def alloc_id(self) -> KvAllocId:
-        return self._alloc_id
-
-    @property
-    def device_location(self) -> Optional[torch.device]:
-        return self._device_location
 
     @property
     def free_blocks(self) -> int:

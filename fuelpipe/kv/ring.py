@@ -30,6 +30,7 @@ import torch
 
 from fuelpipe.errors import ConfigError, KvCacheError, KvCapacityError
 from fuelpipe.identity import KvAllocId
+from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.layout import KvLayout, StepSignature
 from fuelpipe.kv.sizes import check_dtype, check_size
 from fuelpipe.kv.batch import NULL_SLOT, _BatchBase, _SlotAllocator
@@ -155,7 +156,7 @@ class _RingGeometry:
         return tuple(self.max_seq_len if w is None else w for w in self.windows)
 
 
-class RingKvCache(_RingGeometry):
+class RingKvCache(_RingGeometry, Allocation):
     """One sequence: a ring of ``window`` slots per windowed layer, ``max_seq_len`` slots per full one."""
 
     batched = False
@@ -175,15 +176,6 @@ class RingKvCache(_RingGeometry):
                                  torch.zeros(shape, dtype=self.dtype, device=self._device)))
         self._alloc_id = KvAllocId.mint()
         self._device_location: Optional[torch.device] = self.buffers[0][0].device
-
-    # ---- identity and residency -------------------------------------------------------------
-    @property
-    def alloc_id(self) -> KvAllocId:
-        return self._alloc_id
-
-    @property
-    def device_location(self) -> Optional[torch.device]:
-        return self._device_location
 
     # ---- lifecycle --------------------------------------------------------------------------
     def check_room(self, start: int, n: int) -> None:
@@ -304,11 +296,8 @@ class BatchRingCache(_RingGeometry, _BatchBase):
                 else:  # the slot the next position takes holds one a window back: no query may read it
                     t[row.slot, :, row.cached_len % width] = value
 
-    def acquire(self) -> "RingSlotCache":
-        slot = self._allocator.take()
-        handle = RingSlotCache(self, slot)
-        self._allocator.held[slot] = handle
-        return handle
+    def slot_handle(self, slot: int) -> "RingSlotCache":
+        return RingSlotCache(self, slot)
 
 
 class RingSlotCache(RingKvCache):

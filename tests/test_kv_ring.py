@@ -43,8 +43,8 @@ def _decode(ctx, cache, steps: int = 14) -> list[torch.Tensor]:
 @pytest.mark.parametrize("backend", ["eager", "fx"])
 def test_a_ring_decodes_what_a_contiguous_cache_decodes(family, size, backend):
     model = _model(family, size)
-    want = _decode(InferenceContext(model, backend="eager"), KvSpec("contiguous").new_cache(
-        InferenceContext(model, backend="eager"), 40))
+    ref = InferenceContext(model, backend="eager")
+    want = _decode(ref, KvSpec("contiguous").new_cache(ref, 40))
     ctx = InferenceContext(model, backend=backend)
     cache = KvSpec("ring").new_cache(ctx, 40)
     got = _decode(ctx, cache)

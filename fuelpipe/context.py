@@ -17,7 +17,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
-from fuelpipe.driver import HeldPlan, PlanMode
+from fuelpipe.driver import HeldPlan
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError, InputError
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.contiguous import ContiguousKvCache
@@ -53,7 +54,7 @@ class InferenceContext:
         self,
         model: DecodeBackbone,
         backend: BackendSpec | str = "fx",
-        plan: PlanMode | str = PlanMode.PLAN_ONCE,
+        plan: PlanMode | str = PlanMode.plan_once,
         *,
         offset_mode: Optional[str] = None,
         policy: PlanPolicy = DEFAULT_POLICY,

@@ -6,13 +6,11 @@ and a KV cache. Plan modes:
 * ``replan``    build (trace, optimise, compile) a fresh program every token, run it, discard it.
 * ``plan_once`` build once, hold it, rebind only per-token data; rebind or rebuild on a key change.
 
-The same two modes drive contiguous caches and paged sequences (``PagedDecodePlan``
-below is the paged name for the same flag; ``plan_once`` is the default for both).
+The same two modes (``fuelpipe.modes.PlanMode``) drive every KV layout; ``plan_once`` is the default.
 """
 from __future__ import annotations
 
 import dataclasses
-import enum
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,7 +18,6 @@ from typing import Optional
 import torch
 
 from fuelpipe.backbone import DecodeBackbone
-from fuelpipe.errors import enum_member
 from fuelpipe.plan.backends import BackendSpec, build_program
 from fuelpipe.plan.derived_weights import forget as forget_derived
 from fuelpipe.plan.fx_passes import passes_for_rows
@@ -30,18 +27,9 @@ from fuelpipe.plan.token_data import StepBuffers, TokenHostData
 from fuelpipe.plan.validity import PlanKey, PlanValidity, RebindRefused
 from fuelpipe.plan.weights_identity import pin_weights, weights_identity
 from fuelpipe.kv.layout import StepSignature, signature_for
+from fuelpipe.modes import PlanMode
 
 
-class PlanMode(enum.Enum):
-    REPLAN = "replan"
-    PLAN_ONCE = "plan_once"
-
-    @classmethod
-    def parse(cls, value: "PlanMode | str") -> "PlanMode":
-        return enum_member(cls, value, "plan mode")
-
-
-PagedDecodePlan = PlanMode
 
 
 @dataclass
@@ -148,10 +136,10 @@ class HeldPlan:
 
     def step(self, backbone: DecodeBackbone, cache, host: TokenHostData) -> torch.Tensor:
         key = live_key(backbone, cache, host.seq, self.policy)
-        if self.mode is PlanMode.REPLAN or not self.policy.reuses_plans():
+        if self.mode is PlanMode.replan or not self.policy.reuses_plans():
             self.session = None
             logits = self._build_and_run(backbone, cache, host, key)
-            if self.mode is PlanMode.REPLAN:
+            if self.mode is PlanMode.replan:
                 self.session = None  # replan discards the program after use
             return logits
         session = self.session

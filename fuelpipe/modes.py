@@ -17,6 +17,46 @@ class OffsetMode(enum.Enum):
     symbol = "symbol"  # as host integers, traced as symbols
 
 
+class PlanMode(enum.Enum):
+    """How a decode step's plan is held (``plan.mode``)."""
+
+    replan = "replan"  # the step is built again every token (the reference for plan_once)
+    plan_once = "plan_once"  # built once, only per-token data rebound
+    captured = "captured"  # CUDA graph replay: in the schema, refused by the validator until it is built
+
+    @classmethod
+    def parse(cls, value: "PlanMode | str") -> "PlanMode":
+        """``value`` as a mode the decode driver runs (replan or plan_once); a ``ConfigError`` otherwise."""
+        from fuelpipe.errors import ConfigError, enum_member
+
+        mode = enum_member(cls, value, "plan mode")
+        if mode not in RUNNABLE_PLAN_MODES:
+            raise ConfigError(f"plan mode must be one of {[m.value for m in RUNNABLE_PLAN_MODES]} on this build, "
+                              f"got {mode.value!r} (CUDA graph capture is not built yet)")
+        return mode
+
+
+RUNNABLE_PLAN_MODES = (PlanMode.replan, PlanMode.plan_once)
+
+
+class QuantKind(enum.Enum):
+    """How a model's matrices are held (``weights.dtype``)."""
+
+    f32 = "f32"
+    bf16 = "bf16"  # weight-only: bf16 matrices, f32 activations
+    int8 = "int8"  # weight-only, symmetric per group (GGUF Q8_0's form at group 32)
+    int4 = "int4"  # weight-only, scale and min per group (GGUF Q4_1's form at group 32); vocabulary matrices int8
+
+
+class ActivationForm(enum.Enum):
+    """How a low-bit linear takes its activations (``weights.activations``): as f32, or quantized per
+    32-element block to 16 bits (integer dot products in the kernel; see ``fuelpipe.quant``)."""
+
+    auto = "auto"  # int16 for int8 / int4 weights, f32 for the others
+    f32 = "f32"
+    int16 = "int16"
+
+
 class CachePolicy(enum.Enum):
     """What a rebuild may reuse (``plan.cache_policy``; inductor only)."""
 

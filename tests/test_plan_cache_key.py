@@ -121,13 +121,13 @@ def test_an_installed_pass_is_keyed_by_its_source_file(tmp_path):
 def _gate_key_checks(fault=None):
     import dataclasses
 
-    from fuelpipe.driver import PlanMode
+    from fuelpipe.modes import PlanMode
     from fuelpipe.faults import Fault
     from fuelpipe.oracles.base import OracleInput, Setup
     from fuelpipe.oracles.plan_cache_keys import key_checks
     from fuelpipe.plan.backends import BackendSpec
 
-    inp = OracleInput(model=build_random_model("llama", "tiny", seed=0), setup=Setup(BackendSpec(), PlanMode.PLAN_ONCE),
+    inp = OracleInput(model=build_random_model("llama", "tiny", seed=0), setup=Setup(BackendSpec(), PlanMode.plan_once),
                       prompts=((1, 2, 3, 4, 5),), new_tokens=4, max_seq_len=16,
                       other_model=lambda: build_random_model("llama", "tiny", seed=1))
     return {c.name: c for c in key_checks(dataclasses.replace(inp, fault=fault or Fault.NONE))}

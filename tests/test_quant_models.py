@@ -67,11 +67,11 @@ def test_a_held_plan_serves_a_quantized_model_once_and_sees_a_requantization():
 
 def _quality(model, dense, fault):
     from fuelpipe.oracles.base import Setup
-    from fuelpipe.driver import PlanMode
+    from fuelpipe.modes import PlanMode
     from fuelpipe.plan.backends import BackendSpec
 
     spec = oracle("quant_quality")
-    return execute(spec, model=model, setup=Setup(BackendSpec(), PlanMode.PLAN_ONCE), prompts=((1, 2, 3, 4), (9, 8)),
+    return execute(spec, model=model, setup=Setup(BackendSpec(), PlanMode.plan_once), prompts=((1, 2, 3, 4), (9, 8)),
                    new_tokens=6, max_seq_len=12, other_model=lambda: None, tolerance=None, control=fault,
                    dense_model=dense)
 
@@ -110,7 +110,7 @@ def test_a_quantizer_with_the_wrong_level_count_fails_the_quality_oracle(monkeyp
 def test_int16_activation_models_take_their_own_tolerance_and_a_wrong_path_still_fails_it():
     """vs_reference on a 16-bit-activation model: the looser max-abs tolerance of that numeric form, and the
     oracle's negative control (KV writes dropped) still fails at it."""
-    from fuelpipe.driver import PlanMode
+    from fuelpipe.modes import PlanMode
     from fuelpipe.oracles.base import Setup
     from fuelpipe.oracles.execute import numeric_form, tolerance_for
     from fuelpipe.plan.backends import BackendSpec
@@ -123,7 +123,7 @@ def test_int16_activation_models_take_their_own_tolerance_and_a_wrong_path_still
     spec = oracle("vs_reference")
     tol = tolerance_for(spec, {"float32": 1e-5}, "int16_activations")  # a table without the key: the default
     assert tol == 1e-3
-    run = lambda control: execute(spec, model=model, setup=Setup(BackendSpec(name="fx"), PlanMode.PLAN_ONCE),
+    run = lambda control: execute(spec, model=model, setup=Setup(BackendSpec(name="fx"), PlanMode.plan_once),
                                   prompts=((1, 2, 3, 4),), new_tokens=6, max_seq_len=12, other_model=lambda: None,
                                   tolerance=tol, control=control)
     ok, bad = run(False), run(True)

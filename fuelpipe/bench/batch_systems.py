@@ -29,7 +29,7 @@ from fuelpipe.batch import BatchSpec, ContinuousBatcher, Request
 from fuelpipe.batch.decoder import BatchDecoder
 from fuelpipe.bench.peers.systems import shared_hf_model, transformers_missing
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.plan.backends import BackendSpec
 
@@ -66,7 +66,7 @@ class FuelpipeBatch(BatchSystem):
         self.spec = BatchSpec(max_batch)
         self.width = width  # positions per row: the longest prompt plus the most new tokens of any call
         self.name = f"fuelpipe {backend.name} {kv.layout}"
-        self.ctx = InferenceContext(model, backend, PlanMode.PLAN_ONCE)
+        self.ctx = InferenceContext(model, backend, PlanMode.plan_once)
         self.last: Optional[ContinuousBatcher] = None
         self.cache = self.decoder = None
 

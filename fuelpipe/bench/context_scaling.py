@@ -34,7 +34,7 @@ import torch
 
 from fuelpipe.bench.decode import percentile
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.plan.backends import BackendSpec
 
 ARMS = ("contiguous tensor", "contiguous symbol", "contiguous sized", "paged", "paged symbol")
@@ -99,7 +99,7 @@ def run_context_scaling(
     rows = []
     for name in arms:
         arm = ARM_SPECS[name]
-        ctx = InferenceContext(model, backend, PlanMode.PLAN_ONCE, offset_mode=arm.offset_mode)
+        ctx = InferenceContext(model, backend, PlanMode.plan_once, offset_mode=arm.offset_mode)
         for length in lengths:
             capacity = length + warmup + tokens if arm.sized else top
             cache = filled_cache(ctx, arm, length, capacity, block_size, gen)

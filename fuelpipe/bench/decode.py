@@ -20,7 +20,7 @@ import torch
 
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.oracles.base import Setup
 from fuelpipe.plan.backends import BACKENDS
@@ -104,7 +104,7 @@ def run_decode_bench(
     compare_plans: bool,
     on_step: Optional[Callable[[], None]] = None,
 ) -> dict:
-    other = PlanMode.REPLAN if setup.plan is PlanMode.PLAN_ONCE else PlanMode.PLAN_ONCE
+    other = PlanMode.replan if setup.plan is PlanMode.plan_once else PlanMode.plan_once
     arms = [_start(model, setup, setup.plan, prompt, max_seq_len)]
     if compare_plans:
         arms.append(_start(model, setup, other, prompt, max_seq_len))
@@ -135,7 +135,7 @@ def run_decode_bench(
     expanded_per_token = expanded(elem) if expanded else None
     ratio = None
     if compare_plans:
-        ratio = by_mode[PlanMode.REPLAN.value]["median_ms"] / by_mode[PlanMode.PLAN_ONCE.value]["median_ms"]
+        ratio = by_mode[PlanMode.replan.value]["median_ms"] / by_mode[PlanMode.plan_once.value]["median_ms"]
     return {
         "plan_mode": setup.plan.value,
         "backend": setup.backend.name,
@@ -159,8 +159,8 @@ def run_decode_bench(
         "expanded_over_kv": expanded_per_token / kv_per_token if expanded_per_token else None,
         "weight_bytes": weight_bytes,
         "bandwidth_gb_s": (weight_bytes + kv_bytes) / (ms / 1000.0) / 1e9,
-        "plan_once_ms_per_token": by_mode.get(PlanMode.PLAN_ONCE.value, {}).get("median_ms"),
-        "replan_ms_per_token": by_mode.get(PlanMode.REPLAN.value, {}).get("median_ms"),
+        "plan_once_ms_per_token": by_mode.get(PlanMode.plan_once.value, {}).get("median_ms"),
+        "replan_ms_per_token": by_mode.get(PlanMode.replan.value, {}).get("median_ms"),
         "replan_over_plan_once": ratio,
         "arms": by_mode,
     }

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from fuelpipe.errors import ConfigError
-from fuelpipe.modes import CachePolicy, OffsetMode
+from fuelpipe.modes import ActivationForm, CachePolicy, OffsetMode, PlanMode, QuantKind
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
 
 SCHEMA_NAME = "fuelpipe_schema"
@@ -40,12 +40,6 @@ class Device(enum.Enum):
     auto = "auto"  # cuda when available, else cpu
 
 
-class PlanModeName(enum.Enum):
-    replan = "replan"
-    plan_once = "plan_once"
-    captured = "captured"
-
-
 @dataclass
 class ModelConfig:
     family: str = "llama"
@@ -58,27 +52,14 @@ class ModelConfig:
     overrides: Dict[str, Any] = field(default_factory=dict)
 
 
-class WeightKind(enum.Enum):
-    f32 = "f32"
-    bf16 = "bf16"  # weight-only: bf16 matrices, f32 activations
-    int8 = "int8"  # weight-only, symmetric per group (GGUF Q8_0's form at group 32)
-    int4 = "int4"  # weight-only, scale and min per group (GGUF Q4_1's form at group 32); vocabulary matrices int8
-
-
-class ActivationMode(enum.Enum):
-    auto = "auto"  # int16 for int8 / int4 weights, f32 otherwise
-    f32 = "f32"
-    int16 = "int16"  # quantized per 32-element block to 16 bits; integer dot products (int8 / int4 only)
-
-
 @dataclass
 class WeightsConfig:
     """How the model's matrices are held (``fuelpipe.quant``): a plan-time choice, in the plan key."""
 
-    dtype: Optional[WeightKind] = None  # null: as built (model.dtype); f32 | bf16 | int8 | int4
+    dtype: Optional[QuantKind] = None  # null: as built (model.dtype); f32 | bf16 | int8 | int4
     group_size: int = 32  # elements per scale (int8, int4): a multiple of 32 dividing every in_features
     # What the low-bit kernels multiply the weights with (fuelpipe.quant.formats.ActivationForm); in the plan key.
-    activations: ActivationMode = ActivationMode.auto
+    activations: ActivationForm = ActivationForm.auto
 
 
 @dataclass
@@ -124,7 +105,7 @@ class BackendConfig:
 
 @dataclass
 class PlanConfig:
-    mode: PlanModeName = PlanModeName.plan_once
+    mode: PlanMode = PlanMode.plan_once
     # What a rebuild may reuse (inductor only): cold = no compile caches, warm = caches may serve it.
     cache_policy: CachePolicy = CachePolicy.warm
     offset_mode: Optional[OffsetMode] = None  # null: the model's own path (llama: tensor)

@@ -14,7 +14,8 @@ import torch
 from omegaconf import DictConfig
 
 from fuelpipe.config.keys import unknown_keys
-from fuelpipe.config.schema import Device, PlanModeName, Weights
+from fuelpipe.config.schema import Device, Weights
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.layout import KV_LAYOUTS, layout_named, layout_names
 from fuelpipe.plan.fx_passes import FX_PASSES
@@ -209,7 +210,7 @@ def _backend(b: DictConfig) -> list[str]:
 
 
 def _plan(p: DictConfig) -> list[str]:
-    if p.mode is not PlanModeName.captured:
+    if p.mode is not PlanMode.captured:
         return []
     if not torch.cuda.is_available():
         return ["plan=captured needs CUDA (graph capture), but torch.cuda.is_available() is False"]

@@ -50,14 +50,14 @@ QUANTIZED_ROWS = ["bf16", "int8", "int4", "int8:f32", "int4:f32", "int8:int16", 
 
 def validate(p) -> list[str]:
     from fuelpipe.bench.peers.systems import TransformersSystem
-    from fuelpipe.driver import PlanMode
+    from fuelpipe.modes import RUNNABLE_PLAN_MODES
     from fuelpipe.kv.layout import layout_names
     from fuelpipe.plan.backends import BACKENDS
 
     reasons = []
     for key, values, allowed in (
         ("backends", p.backends, BACKENDS),
-        ("plans", p.plans, [m.value for m in PlanMode]),
+        ("plans", p.plans, [m.value for m in RUNNABLE_PLAN_MODES]),
         ("kv_layouts", p.kv_layouts, [x for x in layout_names() if x != "latent"]),
         ("transformers", p.transformers, TransformersSystem.MODES),
         ("quantized", p.quantized, QUANTIZED_ROWS),

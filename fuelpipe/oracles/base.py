@@ -11,7 +11,7 @@ import torch
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.kv.contiguous import ContiguousKvCache

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import NULL_SLOT, PagedBatch
 from fuelpipe.kv.paged import NULL_BLOCK
@@ -89,7 +89,7 @@ def _checked_steps(b, grid: Optional[_Grid], problems: list) -> None:
 def _serve(inp: OracleInput, sched, poisoned: bool, problems: list):
     ctx = None
     if not poisoned:  # the clean reference holds its plans: replan builds the same program, bit for bit
-        ctx = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+        ctx = inp.setup.context(inp.model, plan=PlanMode.plan_once, fault=inp.fault)
     b = batcher(inp, sched.capacity, ctx=ctx, keep_logits=True)
     if poisoned:
         for t in b.kv.bound_tensors():

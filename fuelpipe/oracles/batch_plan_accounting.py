@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fuelpipe.driver import PlanMode, live_key
+from fuelpipe.driver import live_key
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.oracles.base import OracleInput, OracleResult
@@ -56,7 +57,7 @@ def _recorded(inp: OracleInput, plan: PlanMode, fault: Fault, tokens: int):
 
 
 def run(inp: OracleInput) -> OracleResult:
-    b, steps, results, refused = _recorded(inp, PlanMode.PLAN_ONCE, inp.fault, ACCOUNTING_TOKENS)
+    b, steps, results, refused = _recorded(inp, PlanMode.plan_once, inp.fault, ACCOUNTING_TOKENS)
     problems = []
     seen: set[int] = set()
     moved_inside = 0
@@ -91,7 +92,7 @@ def run(inp: OracleInput) -> OracleResult:
             verdicts += 1
             if (other == bucket) != (verdict is PlanValidity.VALID):
                 problems.append(f"bucket {bucket}'s plan judged bucket {other} {verdict.value}")
-    rb, rsteps, _, _ = _recorded(inp, PlanMode.REPLAN, Fault.NONE, REPLAN_TOKENS)
+    rb, rsteps, _, _ = _recorded(inp, PlanMode.replan, Fault.NONE, REPLAN_TOKENS)
     if rb.decoder.builds != len(rsteps):
         problems.append(f"replan built {rb.decoder.builds} plans over {len(rsteps)} batched steps")
     d = b.describe()

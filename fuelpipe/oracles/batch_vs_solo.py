@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from fuelpipe.batch.buckets import BatchSpec
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import InputError, KvCapacityError
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.oracles.base import OracleInput, OracleResult
@@ -38,7 +38,7 @@ OTHER_PATH_ROWS = 4  # requests on it, all live at once in one bucket (one plan 
 
 def run(inp: OracleInput) -> OracleResult:
     sched = schedule(inp)
-    solo_ctx = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE)  # one reference plan, rebound per cache
+    solo_ctx = inp.setup.context(inp.model, plan=PlanMode.plan_once)  # one reference plan, rebound per cache
     solo = solo_runs(solo_ctx, inp, sched.requests, sched.capacity)
     tally = Tally(inp.tolerance)
     b = batcher(inp, sched.capacity, keep_logits=True)

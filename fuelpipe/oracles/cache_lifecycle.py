@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import KvCapacityError
 from fuelpipe.kv.paged import PagedSequence
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
@@ -98,7 +98,7 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     tag = f"[{kind}]"
     held = setup.context(model, fault=inp.fault)
     stats = held.plan.stats
-    once = held.plan.mode is PlanMode.PLAN_ONCE
+    once = held.plan.mode is PlanMode.plan_once
     decoded = [0]
 
     structure: list[str] = []  # paged only: block table and pool bookkeeping after every operation

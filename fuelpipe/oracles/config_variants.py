@@ -41,7 +41,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup, compare, compare_scaled, forced_logits, greedy_run
 from fuelpipe.oracles.worker_pool import run_checks, worker_count
@@ -120,9 +120,9 @@ def _check(job: VariantCheck) -> dict:
     with _threads(job.threads):
         model = randomize(family(job.family).model_cls(config, device=job.device, dtype=job.dtype), seed=job.seed)
         prompt = [t % config.vocab_size for t in job.prompt]
-        replan = job.setup.context(model, plan=PlanMode.REPLAN, fault=job.fault)
+        replan = job.setup.context(model, plan=PlanMode.replan, fault=job.fault)
         tokens, want = greedy_run(replan, job.setup.kv.new_cache(replan, job.max_seq_len), prompt, TOKENS)
-        held = job.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=job.fault)
+        held = job.setup.context(model, plan=PlanMode.plan_once, fault=job.fault)
         got = forced_logits(held, job.setup.kv.new_cache(held, job.max_seq_len), prompt, tokens)
         _, first_replan = compare(want, got)
         ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.int64, device=job.device)

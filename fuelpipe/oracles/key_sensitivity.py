@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare
 from fuelpipe.oracles.checks import Check
 from fuelpipe.oracles.weight_mutations import MUTATIONS, scaled_state
@@ -39,7 +39,7 @@ from fuelpipe.sampling import greedy
 
 def _solo(inp: OracleInput, model, decode_tokens: list[int]) -> list[torch.Tensor]:
     """Logits rows of a fresh context: the prefill's, then one per decoded token."""
-    ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE)
+    ctx = inp.setup.context(model, plan=PlanMode.plan_once)
     cache = inp.cache(ctx)
     return [ctx.prefill(cache, list(inp.prompts[0]))[0]] + [ctx.decode(cache, t)[0] for t in decode_tokens]
 
@@ -73,7 +73,7 @@ def _clean_check(inp: OracleInput, name: str, model, decode_tokens: list[int], g
 
 
 def _reuse_and_rebind(inp: OracleInput, prompt: list[int]) -> list[Check]:
-    ctx = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    ctx = inp.setup.context(inp.model, plan=PlanMode.plan_once, fault=inp.fault)
     stats = ctx.plan.stats
     first = inp.cache(ctx)
     t0 = greedy(ctx.prefill(first, prompt))
@@ -98,11 +98,11 @@ def _reuse_and_rebind(inp: OracleInput, prompt: list[int]) -> list[Check]:
 
 def _served_by_held_plan(inp: OracleInput, held_model, other_model, prompt: list[int], name: str) -> list[Check]:
     """A plan built on ``held_model`` is asked to serve ``other_model``: stale, rebuilt, other's own answer."""
-    ctx = inp.setup.context(held_model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    ctx = inp.setup.context(held_model, plan=PlanMode.plan_once, fault=inp.fault)
     cache = inp.cache(ctx)
     t0 = greedy(ctx.prefill(cache, prompt))
     ctx.decode(cache, t0)  # builds the held plan
-    other_ctx = inp.setup.context(other_model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    other_ctx = inp.setup.context(other_model, plan=PlanMode.plan_once, fault=inp.fault)
     other_ctx.plan = ctx.plan  # the held plan now meets a model it was not built for
     stats = ctx.plan.stats
     third = inp.cache(other_ctx)
@@ -118,7 +118,7 @@ def _served_by_held_plan(inp: OracleInput, held_model, other_model, prompt: list
 def _mutated_under_plan(inp: OracleInput, prompt: list[int]) -> list[Check]:
     """Every mutation in turn on one private copy under one held context: each must be seen and rebuilt."""
     model = copy.deepcopy(inp.model)  # private: the model under test is never changed
-    ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    ctx = inp.setup.context(model, plan=PlanMode.plan_once, fault=inp.fault)
     stats = ctx.plan.stats
     first = inp.cache(ctx)
     t0 = greedy(ctx.prefill(first, prompt))

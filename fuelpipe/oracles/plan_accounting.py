@@ -8,7 +8,7 @@ rebuilds: over-keying, a performance bug no logit comparison can see).
 """
 from __future__ import annotations
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.sampling import greedy
@@ -31,8 +31,8 @@ def _decode_steps(inp: OracleInput, mode: PlanMode, fault: Fault):
 
 
 def run(inp: OracleInput) -> OracleResult:
-    held = _decode_steps(inp, PlanMode.PLAN_ONCE, inp.fault)
-    replan = _decode_steps(inp, PlanMode.REPLAN, Fault.NONE)  # the fault targets plan_once's reuse
+    held = _decode_steps(inp, PlanMode.plan_once, inp.fault)
+    replan = _decode_steps(inp, PlanMode.replan, Fault.NONE)  # the fault targets plan_once's reuse
     problems = []
     for i, (builds, realized, _) in enumerate(held):
         if builds != 1:

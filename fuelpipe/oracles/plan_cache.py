@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, compare_scaled
 from fuelpipe.oracles.checks import Check
 from fuelpipe.oracles.plan_cache_keys import key_checks, one_element_changed
@@ -62,7 +62,7 @@ class Served:
 
 def _serve(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> Served:
     """Prefill and decode ``tokens`` on a fresh plan_once context; the decode plan's cache event and logits."""
-    ctx = inp.setup.context(model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    ctx = inp.setup.context(model, plan=PlanMode.plan_once, fault=inp.fault)
     cache = inp.setup.kv.new_cache(ctx, max_seq_len)
     logits = [ctx.prefill(cache, list(inp.prompts[0]))[0]]
     logits += [ctx.decode(cache, t)[0] for t in tokens]
@@ -72,7 +72,7 @@ def _serve(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> Serv
 
 
 def _reference(inp: OracleInput, model, max_seq_len: int, tokens: list[int]) -> list[torch.Tensor]:
-    ctx = inp.setup.with_backend("eager").context(model, plan=PlanMode.PLAN_ONCE)
+    ctx = inp.setup.with_backend("eager").context(model, plan=PlanMode.plan_once)
     cache = inp.setup.kv.new_cache(ctx, max_seq_len)
     return [ctx.prefill(cache, list(inp.prompts[0]))[0]] + [ctx.decode(cache, t)[0] for t in tokens]
 
@@ -122,7 +122,7 @@ def _stored(inp: OracleInput) -> tuple[str, list[Check]]:
     """(the first build's cache status, the checks of plans stored and served from the oracle's own folder)."""
     pc = inp.setup.backend.plan_cache
     n = inp.max_seq_len
-    ref_ctx = inp.setup.with_backend("eager").context(inp.model, plan=PlanMode.PLAN_ONCE)
+    ref_ctx = inp.setup.with_backend("eager").context(inp.model, plan=PlanMode.plan_once)
     first_token = greedy(ref_ctx.prefill(inp.setup.kv.new_cache(ref_ctx, n), list(inp.prompts[0])))
     tokens = [first_token, (first_token + 1) % inp.model.config.vocab_size]
     want = _reference(inp, inp.model, n, tokens)

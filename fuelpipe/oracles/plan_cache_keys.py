@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput
 from fuelpipe.oracles.checks import Check
@@ -83,7 +83,7 @@ class KeyProbe:
         offset = inp.setup.offset_mode if inp.setup.offset_mode and cacheable(inp.setup.offset_mode) else "tensor"
         with BACKENDS.swapped(BackendEntry(PROBE, self._build)):
             ctx = inp.setup.with_changes(backend=BackendSpec(name=PROBE, fx_passes=passes), offset_mode=offset) \
-                .context(model, plan=PlanMode.PLAN_ONCE)
+                .context(model, plan=PlanMode.plan_once)
             cache = inp.setup.kv.new_cache(ctx, capacity)
             prompt = list(inp.prompts[0]) + [(t + 1) % model.dims.vocab_size for t in inp.prompts[0][:lead]]
             ctx.prefill(cache, prompt)

@@ -8,15 +8,15 @@ keeps the write offset it was built with).
 """
 from __future__ import annotations
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare, forced_logits, greedy_run
 
 
 def run(inp: OracleInput) -> OracleResult:
     prompt = inp.prompts[0]
-    replan = inp.setup.context(inp.model, plan=PlanMode.REPLAN)
+    replan = inp.setup.context(inp.model, plan=PlanMode.replan)
     tokens, want = greedy_run(replan, inp.cache(replan), prompt, inp.new_tokens)
-    held = inp.setup.context(inp.model, plan=PlanMode.PLAN_ONCE, fault=inp.fault)
+    held = inp.setup.context(inp.model, plan=PlanMode.plan_once, fault=inp.fault)
     got = forced_logits(held, inp.cache(held), prompt, tokens)
     worst, first = compare(want, got)
     return OracleResult(

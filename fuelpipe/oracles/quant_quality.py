@@ -37,7 +37,7 @@ import copy
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, forced_logits, greedy_run, skipped
 from fuelpipe.oracles.quant_bounds import check_model
@@ -75,7 +75,7 @@ def run(inp: OracleInput) -> OracleResult:
     top1_min, max_err_max, mean_err_max, kl_max, greedy_min = TOLERANCES[kind]
     model = _with_wrong_scales(inp.model) if inp.fault is Fault.QUANT_WRONG_SCALE else inp.model
     dense = inp.dense_model()
-    ref_ctx = inp.setup.with_backend("eager").context(dense, plan=PlanMode.PLAN_ONCE)
+    ref_ctx = inp.setup.with_backend("eager").context(dense, plan=PlanMode.plan_once)
     ctx = inp.setup.context(model)
     n = inp.new_tokens
     worst_max = worst_mean = worst_kl = 0.0

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.oracles.checks import Checks, accounting, decode_rows, forced_tokens
@@ -111,7 +111,7 @@ def _layout(inp: OracleInput) -> _Layout:
 def run(inp: OracleInput) -> OracleResult:
     model = inp.model
     layout = _layout(inp)
-    setup = inp.setup.with_changes(plan=PlanMode.PLAN_ONCE)
+    setup = inp.setup.with_changes(plan=PlanMode.plan_once)
     prompt = list(inp.prompts[0])
     tokens = forced_tokens(model.dims.vocab_size, TOKENS, seed=21)
     capacity = max(inp.max_seq_len, len(prompt) + TOKENS)

@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
 from fuelpipe.oracles import (
     batch_isolation,
@@ -75,7 +75,7 @@ def _fx_symbol_path(setup: Setup) -> Setup:
 
 def _plan_once(setup: Setup) -> Setup:
     """IGNORE_ALLOCATION corrupts reuse; replan reuses nothing."""
-    return setup.with_changes(plan=PlanMode.PLAN_ONCE)
+    return setup.with_changes(plan=PlanMode.plan_once)
 
 
 def _fx_passes(setup: Setup) -> Setup:

@@ -19,29 +19,13 @@ need f32 to stay exact (K-quant sub-block scales).
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from fuelpipe.errors import ConfigError, enum_member
-
-
-class ActivationForm(enum.Enum):
-    """How a low-bit linear takes its activations: as f32, or quantized per 32-element block to 16 bits
-    (integer dot products in the kernel; see ``quantize_activations``)."""
-
-    auto = "auto"  # int16 for int8 / int4 weights, f32 for the others
-    f32 = "f32"
-    int16 = "int16"
-
-
-class QuantKind(enum.Enum):
-    f32 = "f32"
-    bf16 = "bf16"
-    int8 = "int8"
-    int4 = "int4"
+from fuelpipe.modes import ActivationForm, QuantKind  # noqa: F401  (re-exported: the quant API names them)
 
 
 BLOCK = 32  # the kernels' block: a group is a whole number of blocks

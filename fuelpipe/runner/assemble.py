@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.config.schema import Weights
 from fuelpipe.config.validate import needed_positions, resolve_device
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import Setup

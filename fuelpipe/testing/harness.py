@@ -26,7 +26,7 @@ import torch
 
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.batch.buckets import BatchSpec
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.oracles.base import OracleResult, Setup

@@ -98,7 +98,7 @@ def _read_yaml(path) -> dict:
 
 def _check_names(matrix: dict) -> None:
     """Misspelled backend, KV or oracle names stop the collection with a did-you-mean, not a deep traceback."""
-    from fuelpipe.driver import PlanMode
+    from fuelpipe.modes import RUNNABLE_PLAN_MODES
     from fuelpipe.kv.layout import layout_names
     from fuelpipe.oracles.registry import ORACLES
     from fuelpipe.plan.backends import BACKENDS
@@ -106,7 +106,7 @@ def _check_names(matrix: dict) -> None:
 
     problems = [did_you_mean("backend", b, BACKENDS) for b in matrix["backends"] if b not in BACKENDS]
     problems += [did_you_mean("KV strategy", k, layout_names()) for k in matrix["kv"] if k is not None and k not in layout_names()]
-    modes = [m.value for m in PlanMode]
+    modes = [m.value for m in RUNNABLE_PLAN_MODES]
     problems += [did_you_mean("plan mode", p, modes) for p in matrix["plans"] if p not in modes]
     problems += [did_you_mean("oracle", o, ORACLES) for o in matrix["oracles"] if o not in ORACLES]
     if problems:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fuelpipe.masks import allowed
-from fuelpipe.rope import RopePlan, rope_tables
+from fuelpipe.rope import RopePlan
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from fuelpipe.bench.peers.trace import RunTrace, TokenClock
 from fuelpipe.context import InferenceContext
-from fuelpipe.driver import PlanMode
+from fuelpipe.modes import PlanMode
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.plan.backends import BackendSpec
 

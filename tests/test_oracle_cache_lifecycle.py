@@ -89,12 +89,12 @@ def test_a_mask_that_lets_the_stale_tail_through_is_caught(compose_cfg, monkeypa
 
 def test_a_free_that_leaves_stale_block_ids_is_caught(compose_cfg, monkeypatch):
     """free() returns the blocks but keeps their ids in the table: masked, so every logit stays right;
-    only the structure audit sees it, after the reset and after the reuse, on both offset paths."""
+    only the structure audit sees it, after reset() and after recycle(), on both offset paths."""
     BUGS["free_leaves_stale_block_ids"][0](monkeypatch)
     result = _run(compose_cfg, "llama", "paged", "backend=fx")
     assert not result.passed and result.metric["failed_checks"] == 2, result.detail
     failed = result.detail.split("failed: ", 1)[1]
-    assert "block table and pool partition after every operation" in failed and "after free()" in failed, failed
+    assert "block table and pool partition after every operation" in failed and "after reset()" in failed, failed
 
 
 # ---- the paged structure audit on hand-built pools --------------------------------------------

@@ -31,8 +31,6 @@ import torch
 
 from fuelpipe.context import InferenceContext, _as_id_list
 from fuelpipe.errors import InputError, KvCacheError
-from fuelpipe.kv.batch import PagedBatch
-from fuelpipe.kv.paged import KvOutOfBlocksError
 from fuelpipe.masks import MaskPlan, allowed
 from fuelpipe.kv.layout import signature_for
 from fuelpipe.step import step_module_for
@@ -95,24 +93,10 @@ def _checked(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence) -> tu
         if len(prompt) > kv.width:
             raise KvCacheError(f"packed prefill: prompt {i} has {len(prompt)} tokens, more than a row of this cache "
                                f"holds ({kv.width} positions)")
-    if isinstance(kv, PagedBatch):  # every block the prompts need, checked before any is taken
-        bs = kv.pool.block_size
-        need = sum(max(0, -(-len(p) // bs) - len(r.blocks)) for r, p in zip(rows, prompts))
-        if need > kv.pool.free_blocks:
-            raise KvOutOfBlocksError(f"packed prefill: the prompts need {need} more blocks, the pool has "
-                                     f"{kv.pool.free_blocks} free; nothing was allocated")
+    kv.check_packed_room(rows, [len(p) for p in prompts])  # all of it, before anything is taken
     for row, prompt in zip(rows, prompts):
         row.check_room(0, len(prompt))
     return rows, prompts
-
-
-def _writes(kv, rows: list, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Where each packed token writes: per token (slot, position), or its paged offset ([N] each)."""
-    if isinstance(kv, PagedBatch):
-        return {"write_index": torch.cat([r.write_index(0, len(p)) for r, p in zip(rows, prompts)])}
-    slots = [kv.slot_of_row(r) for r in rows]
-    return {"write_index": torch.cat([torch.arange(len(p)) for p in prompts]),
-            "slot_ids": torch.tensor([s for s, p in zip(slots, prompts) for _ in p], dtype=torch.int64)}
 
 
 @torch.no_grad()
@@ -130,7 +114,7 @@ def packed_prefill(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence[
     signature = signature_for(kv, ctx.offset_mode, packed=True)  # the batch cache's layout owns its packed step
     cos, sin = ctx.rope_tables()  # [n_specs, P, rot]
     dev, dtype = ctx.device, ctx.dtype
-    writes = {k: v.to(dev) for k, v in _writes(kv, rows, prompts).items()}
+    writes = {k: v.to(dev) for k, v in kv.packed_writes(rows, [len(p) for p in prompts]).items()}
     named = dict(writes, last_index=packed.last_index.to(dev))
     args = [packed.token_ids.to(dev),
             cos[:, packed.positions][:, None].to(dev, dtype),  # [n_specs, 1, N, rot]

@@ -37,7 +37,6 @@ from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.batch.decoder import BatchDecoder
 from fuelpipe.context import InferenceContext, _as_id_list, _count
 from fuelpipe.errors import FuelpipeError, InputError, KvCapacityError
-from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.sampling import Sampler, SamplingParams, sampler_for
 
 
@@ -184,19 +183,15 @@ class ContinuousBatcher:
             return InputError(f"{what}, beyond the model's max_position_embeddings {limit}")
         if need > self.kv.width:
             return KvCapacityError(f"{what}, more than a batch row holds ({self.kv.width} positions)")
-        if isinstance(self.kv, PagedBatch):
-            blocks = -(-need // self.kv.pool.block_size)
-            usable = self.kv.pool.num_blocks - 1
-            if blocks > usable:
-                return KvCapacityError(f"{what}, which needs {blocks} blocks; the pool has {usable} in all")
+        beyond = self.kv.never_holds(need)
+        if beyond is not None:
+            return KvCapacityError(f"{what}, {beyond}")
         return None
 
     def _fits_now(self, req: Request) -> bool:
         if not self.kv.free_rows:
             return False
-        if isinstance(self.kv, PagedBatch):
-            return -(-req.positions // self.kv.pool.block_size) <= self.kv.pool.free_blocks
-        return True
+        return self.kv.holds_now(req.positions)
 
     def cancel(self, result: RequestResult) -> bool:
         """End ``result``'s request now (its reader went away): a queued one leaves the queue, a running one
@@ -292,9 +287,7 @@ class ContinuousBatcher:
             res = self._queue.popleft()
             res.finish, res.error = "refused", KvCapacityError(
                 f"request {res.request.name or res.index!r} needs {res.request.positions} positions but nothing this "
-                f"batcher runs holds the room it lacks (free rows {self.kv.free_rows}"
-                + (f", free blocks {self.kv.pool.free_blocks}" if isinstance(self.kv, PagedBatch) else "")
-                + "); the rest is held outside the batcher")
+                f"batcher runs holds the room it lacks ({self.kv.free_room()}); the rest is held outside the batcher")
             return True
         if not self._running:
             return False

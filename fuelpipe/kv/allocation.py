@@ -22,3 +22,9 @@ class Allocation:
     @property
     def device_location(self) -> Optional[torch.device]:
         return self._device_location
+
+    def recycle(self):
+        """Ready for the next request: ``clear()`` (fresh storage, so a new alloc_id), and this cache serves it.
+        A sequence whose storage outlives it (a block pool's) answers with a new sequence instead."""
+        self.clear()
+        return self

@@ -1,6 +1,7 @@
 """Batched KV: one allocation serving many sequences, one row per sequence in a batched step.
 
-Three strategies, one protocol (what ``fuelpipe.batch`` and the held plans read):
+Three strategies, one protocol (``batch_slots.SlotBatchCache``: what ``fuelpipe.batch`` and the held
+plans read; ``PagedBatch`` answers it over a block pool):
 
 * ``BatchKvCache``: the batch-slot contiguous buffer. Per layer K and V are
   ``[n_slots + 1, n_kv_heads, max_seq_len, head_dim]``; slot 0 is the null
@@ -20,146 +21,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from fuelpipe.errors import KvCacheError, KvCapacityError
+from fuelpipe.errors import KvCacheError
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.contiguous import ContiguousKvCache, KvLayer
 from fuelpipe.kv.latent import LatentKvCache
-from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, PagedSequence, PoolFacing
+from fuelpipe.kv.paged import NULL_BLOCK, KvBlockPool, KvOutOfBlocksError, PagedSequence, PoolFacing
+from fuelpipe.kv.batch_slots import KvOutOfSlotsError, SlotAllocator, SlotBatchCache
 from fuelpipe.kv.sizes import check_dtype, check_size
 
-NULL_SLOT = 0
-
-
-class KvOutOfSlotsError(KvCapacityError):
-    """Every slot of the batch cache is held; nothing was handed out."""
-
-
-class _SlotAllocator:
-    """Hands out slot numbers 1..n_slots (0 is the null slot); lowest free first."""
-
-    def __init__(self, n_slots: int, what: str) -> None:
-        self.n_slots = n_slots
-        self._what = what
-        self._free = list(range(n_slots, NULL_SLOT, -1))
-        self.held: dict[int, object] = {}  # slot -> its handle
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    def take(self) -> int:
-        if not self._free:
-            raise KvOutOfSlotsError(f"{self._what}: all {self.n_slots} slots are held; release one first")
-        self._free.sort(reverse=True)
-        return self._free.pop()
-
-    def give_back(self, slot: int, handle: object) -> None:
-        if self.held.get(slot) is not handle:
-            raise KvCacheError(f"{self._what}: slot {slot} is not held by this handle (already released?)")
-        del self.held[slot]
-        self._free.append(slot)
-
-
-class _BatchBase(Allocation):
-    """What the batch-slot caches share: slots, identity, residency, the rebind-source protocol."""
-
-    kv_layout = ""
-    batched = True
-    _allocator: _SlotAllocator
-    _bound: list[torch.Tensor]
-
-    def _init_identity(self) -> None:
-        self._alloc_id = KvAllocId.mint()
-        self._device_location: Optional[torch.device] = self._bound[0].device
-
-    @property
-    def max_rows(self) -> int:
-        return self._allocator.n_slots
-
-    @property
-    def free_rows(self) -> int:
-        return self._allocator.free_slots
-
-    @property
-    def width(self) -> int:
-        return self.max_seq_len
-
-    def slot_handle(self, slot: int):
-        """A one-sequence cache over ``slot``'s views (each batch cache names its own kind)."""
-        raise NotImplementedError
-
-    def acquire(self):
-        """The lowest free slot as a one-sequence cache over its views; ``KvOutOfSlotsError`` when none is free."""
-        slot = self._allocator.take()
-        handle = self.slot_handle(slot)
-        self._allocator.held[slot] = handle
-        return handle
-
-    def owns(self, handle) -> bool:
-        return getattr(handle, "batch", None) is self and self._allocator.held.get(handle.slot) is handle
-
-    def release(self, handle) -> None:
-        """Return ``handle``'s slot at once; the handle is dead afterwards."""
-        if getattr(handle, "batch", None) is not self:
-            raise KvCacheError(f"{type(self).__name__}.release: the handle does not belong to this cache")
-        self._allocator.give_back(handle.slot, handle)
-        handle.cached_len = 0
-        handle.released = True
-
-    def rebind_location(self) -> Optional[torch.device]:
-        return self._device_location
-
-    def bound_tensors(self) -> list[torch.Tensor]:
-        return list(self._bound)
-
-    def rebind_slot(self, layer: int, which: int) -> Optional[torch.Tensor]:
-        per = len(self._bound) // self.n_layers
-        if not 0 <= layer < self.n_layers or not 0 <= which < per:
-            return None
-        return self._bound[per * layer + which]
-
-    def row_indices(self, rows: Sequence, positions: torch.Tensor, stale: Optional[dict] = None) -> dict:
-        """Per-row data of one step: the slot each row owns and the position it writes ([B], [B, 1]).
-
-        ``rows`` holds one handle per bucket row, None for padding (null slot, position 0).
-        ``stale`` (negative control only) maps padding rows to slots they must not use.
-        """
-        slots = [NULL_SLOT if r is None else r.slot for r in rows]
-        if stale:
-            slots = [stale.get(i, s) if r is None else s for i, (r, s) in enumerate(zip(rows, slots))]
-        return {"slot_ids": torch.tensor(slots, dtype=torch.int64), "write_index": positions[:, None].clone()}
-
-    def slot_of_row(self, handle) -> int:
-        return handle.slot
-
-    # ---- what the batch_isolation oracle audits ----------------------------------------------
-    def write_unit(self, row, tensor_index: int) -> tuple[int, int]:
-        """(slot, position) of bound tensor ``tensor_index`` that ``row``'s next step writes."""
-        return row.slot, row.cached_len
-
-    def poison_unwritten(self, live: Sequence, value: float = float("nan")) -> None:
-        """``value`` into every free slot and every position past a live row's length (nothing may read them)."""
-        held = {row.slot for row in live}
-        for t in self._bound:
-            for slot in range(1, self.max_rows + 1):
-                if slot not in held:
-                    t[slot] = value
-            for row in live:
-                if t.dim() == 4:  # K/V [N, Hkv, S, D]
-                    t[row.slot, :, row.cached_len:] = value
-                else:  # latent [N, S, *trailing]
-                    t[row.slot, row.cached_len:] = value
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._bound)
-
-    def bytes_per_slot(self) -> int:
-        """Bytes one sequence's slot occupies (every layer, every position of its capacity)."""
-        return self.nbytes() // (self.max_rows + 1)
-
-
-class BatchKvCache(_BatchBase):
+class BatchKvCache(SlotBatchCache):
     """Batch-slot contiguous KV (the seeds' ``alloc_batched_kv``) plus one null slot for padding rows."""
 
     kv_layout = "contiguous"
@@ -173,7 +43,7 @@ class BatchKvCache(_BatchBase):
         shape = (n_slots + 1, self.n_kv_heads, self.max_seq_len, self.head_dim)  # [N, Hkv, S, D]
         dev = torch.device(device)
         self._bound = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(2 * self.n_layers)]
-        self._allocator = _SlotAllocator(n_slots, "BatchKvCache")
+        self._allocator = SlotAllocator(n_slots, "BatchKvCache")
         self._init_identity()
 
     def plan_geometry(self, bucket: int, seq: int) -> tuple:
@@ -216,7 +86,7 @@ class SlotCache(ContiguousKvCache):
         super().check_room(start, n)
 
 
-class BatchLatentCache(_BatchBase):
+class BatchLatentCache(SlotBatchCache):
     """Batch-slot latent (MLA) KV: per layer and latent slot ``[n_slots + 1, max_seq_len, *trailing]``."""
 
     kv_layout = "latent"
@@ -230,7 +100,7 @@ class BatchLatentCache(_BatchBase):
         dev = torch.device(device)
         self._bound = [torch.zeros((n_slots + 1, self.max_seq_len, *t), dtype=self.dtype, device=dev)
                        for _ in range(self.n_layers) for t in self.slot_trailing]
-        self._allocator = _SlotAllocator(n_slots, "BatchLatentCache")
+        self._allocator = SlotAllocator(n_slots, "BatchLatentCache")
         self._init_identity()
 
     def plan_geometry(self, bucket: int, seq: int) -> tuple:
@@ -341,6 +211,31 @@ class PagedBatch(PoolFacing):
 
     def slot_of_row(self, handle) -> torch.Tensor:
         return handle.block_table()[0].clone()
+
+    # ---- room beyond a free row: the pool's blocks ---------------------------------------------
+    def _blocks(self, positions: int) -> int:
+        return -(-positions // self.pool.block_size)
+
+    def never_holds(self, positions: int) -> Optional[str]:
+        usable = self.pool.num_blocks - 1
+        need = self._blocks(positions)
+        return None if need <= usable else f"which needs {need} blocks; the pool has {usable} in all"
+
+    def holds_now(self, positions: int) -> bool:
+        return self._blocks(positions) <= self.pool.free_blocks
+
+    def free_room(self) -> str:
+        return f"free rows {self.free_rows}, free blocks {self.pool.free_blocks}"
+
+    def check_packed_room(self, rows: Sequence, lengths: Sequence[int]) -> None:
+        need = sum(max(0, self._blocks(n) - len(r.blocks)) for r, n in zip(rows, lengths))
+        if need > self.pool.free_blocks:
+            raise KvOutOfBlocksError(f"packed prefill: the prompts need {need} more blocks, the pool has "
+                                     f"{self.pool.free_blocks} free; nothing was allocated")
+
+    def packed_writes(self, rows: Sequence, lengths: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Where each token of a packed prefill writes: its offset in the pool ([N])."""
+        return {"write_index": torch.cat([r.write_index(0, n) for r, n in zip(rows, lengths)])}
 
     def write_unit(self, row: PagedSequence, tensor_index: int) -> tuple[int, int]:
         """(block, offset) ``row``'s next step writes."""

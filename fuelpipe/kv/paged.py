@@ -217,6 +217,15 @@ class PagedSequence(PoolFacing):
         self._table.fill_(NULL_BLOCK)
         self.cached_len = 0
 
+    def reset(self) -> None:
+        """Empty for a new conversation: ``free()`` (the pool, and a plan on it, are kept)."""
+        self.free()
+
+    def recycle(self) -> "PagedSequence":
+        """Done with this request: its blocks go back, and a new sequence on the same pool serves the next."""
+        self.free()
+        return self.pool.sequence(self.max_blocks_cap)
+
     def bump_all_versions(self) -> None:  # the pool tracks no per-slot versions
         pass
 

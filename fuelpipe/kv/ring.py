@@ -33,7 +33,7 @@ from fuelpipe.identity import KvAllocId
 from fuelpipe.kv.allocation import Allocation
 from fuelpipe.kv.layout import KvLayout, StepSignature
 from fuelpipe.kv.sizes import check_dtype, check_size
-from fuelpipe.kv.batch import NULL_SLOT, _BatchBase, _SlotAllocator
+from fuelpipe.kv.batch_slots import NULL_SLOT, SlotAllocator, SlotBatchCache
 from fuelpipe.kv.batch_views import SlotKv, _write_rows
 from fuelpipe.kv.packed_views import PackedSlotKv
 from fuelpipe.kv.views import TensorOffsetKv, _Visible
@@ -260,7 +260,7 @@ class RingKvCache(_RingGeometry, Allocation):
         return sum(t.numel() * t.element_size() for t in self.bound_tensors())
 
 
-class BatchRingCache(_RingGeometry, _BatchBase):
+class BatchRingCache(_RingGeometry, SlotBatchCache):
     """Rings for ``n_slots`` sequences plus the null slot padding rows write: per layer K and V
     ``[n_slots + 1, Hkv, width, D]``; a sequence's handle is a ``RingSlotCache`` over its slot."""
 
@@ -270,7 +270,7 @@ class BatchRingCache(_RingGeometry, _BatchBase):
         dev = torch.device(device)
         self._bound = [torch.zeros((n_slots + 1, self.n_kv_heads, width, self.head_dim), dtype=self.dtype, device=dev)
                        for width in self.widths for _ in (0, 1)]
-        self._allocator = _SlotAllocator(n_slots, "BatchRingCache")
+        self._allocator = SlotAllocator(n_slots, "BatchRingCache")
         self._init_identity()
 
     def plan_geometry(self, bucket: int, seq: int) -> tuple:

@@ -24,7 +24,8 @@ import torch
 
 from fuelpipe.modes import PlanMode
 from fuelpipe.faults import Fault
-from fuelpipe.kv.batch import NULL_SLOT, PagedBatch
+from fuelpipe.kv.batch import PagedBatch
+from fuelpipe.kv.batch_slots import NULL_SLOT
 from fuelpipe.kv.paged import NULL_BLOCK
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare
 from fuelpipe.oracles.batch_runs import batcher, schedule

@@ -9,27 +9,27 @@ context on one cache goes through, in order:
   gives the first pass's rows again; ``truncate_to(k)`` once more and decode other tokens
   gives a fresh run of that sequence (the first pass's tail stays in the cache past the
   new tokens throughout, so a leak of stale KV shows);
-* reset and reuse (a paged sequence: ``free()``, then re-grow from the pool, whose blocks
-  still hold the old tokens): another prompt equals a fresh cache's run;
+* ``reset()`` and reuse (a paged sequence frees its blocks, then re-grows from the pool, whose
+  blocks still hold the old tokens): another prompt equals a fresh cache's run;
 * a RoPE change mid-generation: ``set_rope_plan`` with other frequencies and scaling after
   h tokens of that prompt. Keys already cached keep the rotation they were written with;
   only new queries and keys use the new rows. So the expectation is a fresh context
   decoding the first h tokens with the old plan on a fresh cache, then a second fresh context
   given the new plan continuing on that same cache;
-* clear and reuse (a new allocation, rebound not rebuilt), or for a paged sequence ``free()``
-  and a new sequence on the same pool (same allocation: reused as is): equals a fresh run.
+* ``recycle()`` and reuse: the cache each layout hands the next request (a cleared cache, a new
+  allocation, rebound not rebuilt; a paged sequence's successor on the same pool, the same
+  allocation, reused as is): equals a fresh run.
 
 Every scenario also checks plan accounting: plan_once builds once for all of it, rebinds
-only where the allocation changed (clear) and never refuses; replan builds once per decode
+only where the allocation changed and never refuses; replan builds once per decode
 token. On a paged cache, one more check: after every operation (growth, refused and real
-truncates, ``free()``, reuse) the block table holds exactly the blocks the sequence owns, in
+truncates, ``reset()``, ``recycle()``) the block table holds exactly the blocks the sequence owns, in
 order, then the null block, and the pool's free list and owned blocks partition the pool
 (``paged_invariants``). The negative control injects STALE_ROPE (a RoPE change never reaches decode).
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 import torch
 
@@ -79,14 +79,6 @@ def _same_state(a: tuple, b: tuple) -> bool:
     return a[:3] == b[:3] and tables_equal
 
 
-# How each cache kind is reset for a new conversation, and how it is cleared and reused:
-# (label, operation returning the cache to use next, rebinds that reuse costs under plan_once).
-_RESET: dict[str, tuple[str, Callable]] = {"paged": ("free()", lambda c: c.free())}
-_DEFAULT_RESET = ("reset()", lambda c: c.reset())
-_REUSE: dict[str, tuple[str, Callable, int]] = {
-    "paged": ("free() and a new sequence on the same pool", lambda c: (c.free(), c.pool.sequence(c.max_blocks_cap))[1], 0),
-}
-_DEFAULT_REUSE = ("clear()", lambda c: (c.clear(), c)[1], 1)
 
 
 def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int, capacity: int, checks: Checks) -> None:
@@ -172,8 +164,8 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
         )
         account("truncate and rollback", 0)
 
-    reset_name, reset = _RESET.get(cache.kv_layout, _DEFAULT_RESET)
-    reset(cache)
+    reset_name = "reset()"  # every cache's: empty for a new conversation, the allocation kept
+    cache.reset()
     check_structure(cache, reset_name)
     changed = _changed_rope(model.rope_plan)
     got = held_rows(cache, other, d[:h])
@@ -192,8 +184,10 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     account(f"{reset_name} and a RoPE change", 0)
     held.set_rope_plan(model.rope_plan)
 
-    reuse_name, reuse, rebinds = _REUSE.get(cache.kv_layout, _DEFAULT_REUSE)
-    old, cache = cache, reuse(cache)
+    reuse_name = "recycle()"  # done with a request: the cache (or sequence) that serves the next
+    old_id = cache.alloc_id
+    old, cache = cache, cache.recycle()
+    rebinds = int(cache.alloc_id != old_id)  # plan_once rebinds exactly when the allocation changed
     check_structure(cache, reuse_name, [old] if old is not cache else [])
     got = held_rows(cache, prompt, a[:j] + b[:m])
     checks.rows(f"{tag} {reuse_name} and reuse equals a fresh run", want_alt, got)

@@ -8,8 +8,6 @@ rebinding after a guarded check or rebuilding when the check refuses.
 """
 from __future__ import annotations
 
-import numbers
-import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
@@ -20,6 +18,7 @@ from fuelpipe.backbone import OFFSET_MODES, DecodeBackbone
 from fuelpipe.driver import HeldPlan
 from fuelpipe.modes import PlanMode
 from fuelpipe.errors import ConfigError, InputError
+from fuelpipe.token_ids import count_arg, token_id_list, token_id_tensor, token_int
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.layout import layout_named, layout_of, signature_for
@@ -195,7 +194,7 @@ class InferenceContext:
     def prefill(self, cache, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Run the prompt (T positions at once) through the held prompt program (``fuelpipe.plan.prefill_program``;
         the eager step on the eager backend). Returns last logits [1, vocab] f32."""
-        ids = _as_ids(token_ids)
+        ids = token_id_tensor(token_ids)
         host = self._host(cache, ids)
         signature = signature_for(cache, self.offset_mode)
         buffers = StepBuffers(host, self.dtype, self.device)
@@ -214,7 +213,7 @@ class InferenceContext:
                                  f"{list(token_id.shape)}")
             ids = token_id.reshape(1, 1).to(torch.int64)
         else:
-            ids = _as_ids([_token_int(token_id)])
+            ids = token_id_tensor([token_int(token_id)])
         host = self._host(cache, ids)
         logits = self.plan.step(self.model, cache, host)
         cache.advance(1)
@@ -268,21 +267,21 @@ class InferenceContext:
         A caller that stops asking ends the generation: the next decode step never runs. ``result``,
         when given, is filled as ``generate``'s result is (tokens, timings, logits).
         """
-        prompt = _as_id_list(prompt_ids, "generate: prompt_ids")
+        prompt = token_id_list(prompt_ids, "generate: prompt_ids")
         if not prompt:
             raise InputError("generate: the prompt must hold at least one token")
         vocab = self.model.dims.vocab_size
         bad = sorted({t for t in prompt if not 0 <= t < vocab})
         if bad:
             raise InputError(f"generate: prompt token ids must lie in [0, {vocab}), got {bad[:8]}")
-        max_new_tokens = _count("generate: max_new_tokens", max_new_tokens)
-        stops = set(_as_id_list(stop_ids, "generate: stop_ids"))
+        max_new_tokens = count_arg("generate: max_new_tokens", max_new_tokens)
+        stops = set(token_id_list(stop_ids, "generate: stop_ids"))
         if not callable(sampler):
             raise InputError(f"generate: sampler must be callable, got {type(sampler).__name__} {sampler!r}")
         need = len(prompt) + max(0, max_new_tokens - 1)  # the last sampled token is never fed back
         if cache is None:
             if max_seq_len is not None:
-                max_seq_len = _count("generate: max_seq_len", max_seq_len)
+                max_seq_len = count_arg("generate: max_seq_len", max_seq_len)
                 if max_seq_len < need:
                     raise InputError(
                         f"generate: max_seq_len {max_seq_len} < the {need} positions this generation writes")
@@ -336,48 +335,3 @@ class InferenceContext:
         finally:
             if governor is not None and caller_threads:
                 governor.end(caller_threads)
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _token_int(value) -> int:
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        raise InputError(f"token ids must be integers, got {value!r}")
-    try:
-        out = operator.index(value)  # ints, numpy and one-element integer tensors; floats refused, never truncated
-    except TypeError:
-        raise InputError(f"token ids must be integers, got {type(value).__name__} {value!r}") from None
-    if not INT64_MIN <= out <= INT64_MAX:
-        raise InputError(f"token id {out} does not fit int64 [{INT64_MIN}, {INT64_MAX}]; token ids must lie in the "
-                         "model's vocabulary [0, vocab_size)")
-    return out
-
-
-def _as_id_list(values, what: str) -> list[int]:
-    """A sequence of token ids (list, tuple, range, numpy array, 1-D tensor) as Python ints."""
-    if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise InputError(f"{what}: token ids must be integers, got dtype {values.dtype}")
-        return [int(v) for v in values.reshape(-1).tolist()]
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise InputError(f"{what} must be a sequence of token ids, got {type(values).__name__} {values!r}")
-    return [_token_int(v) for v in values]
-
-
-def _count(what: str, value) -> int:
-    """A non-negative integer argument (a length, a token count)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise InputError(f"{what} must be >= 0, got {value}")
-    return int(value)
-
-
-def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    if isinstance(token_ids, torch.Tensor):
-        t = token_ids
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise InputError(f"token ids must be integers, got dtype {t.dtype}")
-        return t.reshape(1, -1) if t.dim() <= 1 else t
-    return torch.tensor([_as_id_list(token_ids, "token_ids")], dtype=torch.int64)

@@ -21,7 +21,8 @@ import torch.fx
 
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.batch.packed_prefill import packed_prefill
-from fuelpipe.context import InferenceContext, _token_int
+from fuelpipe.context import InferenceContext
+from fuelpipe.token_ids import token_int
 from fuelpipe.driver import HeldPlan
 from fuelpipe.errors import InputError
 from fuelpipe.kv.batch import BucketView
@@ -93,7 +94,7 @@ class BatchDecoder:
                 raise InputError(f"batch row {i} is not a live sequence of this batch cache "
                                  "(acquire it from the cache; a released one is gone)")
         vocab = self.ctx.model.dims.vocab_size
-        ids = [_token_int(t) for t in tokens]
+        ids = [token_int(t) for t in tokens]
         bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab]
         if bad:
             raise InputError(f"token ids must lie in [0, {vocab}), got (row, id) {bad[:8]}")

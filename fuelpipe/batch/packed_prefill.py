@@ -29,7 +29,8 @@ from typing import Sequence
 
 import torch
 
-from fuelpipe.context import InferenceContext, _as_id_list
+from fuelpipe.context import InferenceContext
+from fuelpipe.token_ids import token_id_list
 from fuelpipe.errors import InputError, KvCacheError
 from fuelpipe.masks import MaskPlan, allowed
 from fuelpipe.kv.layout import signature_for
@@ -66,7 +67,7 @@ def packed_mask_variants(plan: MaskPlan, positions: torch.Tensor, segment: torch
 
 def _checked(ctx: InferenceContext, kv, rows: Sequence, prompts: Sequence) -> tuple[list, list[list[int]]]:
     rows = list(rows)
-    prompts = [_as_id_list(p, f"packed prefill: prompt {i}") for i, p in enumerate(prompts)]
+    prompts = [token_id_list(p, f"packed prefill: prompt {i}") for i, p in enumerate(prompts)]
     if not rows:
         raise InputError("packed prefill needs at least one sequence")
     if len(prompts) != len(rows):

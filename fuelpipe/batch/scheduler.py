@@ -35,7 +35,8 @@ import torch
 
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.batch.decoder import BatchDecoder
-from fuelpipe.context import InferenceContext, _as_id_list, _count
+from fuelpipe.context import InferenceContext
+from fuelpipe.token_ids import count_arg, token_id_list
 from fuelpipe.errors import FuelpipeError, InputError, KvCapacityError
 from fuelpipe.sampling import Sampler, SamplingParams, sampler_for
 
@@ -159,17 +160,17 @@ class ContinuousBatcher:
     def _checked(self, r: Request) -> Request:
         if not isinstance(r, Request):
             raise InputError(f"submit takes a Request, got {type(r).__name__}")
-        prompt = tuple(_as_id_list(r.prompt_ids, "Request.prompt_ids"))
+        prompt = tuple(token_id_list(r.prompt_ids, "Request.prompt_ids"))
         if not prompt:
             raise InputError("Request.prompt_ids must hold at least one token")
         vocab = self.ctx.model.dims.vocab_size
         bad = sorted({t for t in prompt if not 0 <= t < vocab})
         if bad:
             raise InputError(f"Request.prompt_ids must lie in [0, {vocab}), got {bad[:8]}")
-        n = _count("Request.max_new_tokens", r.max_new_tokens)
+        n = count_arg("Request.max_new_tokens", r.max_new_tokens)
         if n < 1:
             raise InputError(f"Request.max_new_tokens must be >= 1, got {n}")
-        stops = tuple(_as_id_list(r.stop_ids, "Request.stop_ids"))
+        stops = tuple(token_id_list(r.stop_ids, "Request.stop_ids"))
         if not isinstance(r.sampling, Sampling):
             raise InputError(f"Request.sampling must be a Sampling, got {type(r.sampling).__name__}")
         return Request(prompt, n, stops, r.sampling, str(r.name))

@@ -15,7 +15,7 @@ import pytest
 from conftest import default_or_slow
 import torch
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles import config_variants
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES

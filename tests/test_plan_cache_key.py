@@ -122,7 +122,7 @@ def _gate_key_checks(fault=None):
     import dataclasses
 
     from fuelpipe.driver import PlanMode
-    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.faults import Fault
     from fuelpipe.oracles.base import OracleInput, Setup
     from fuelpipe.oracles.plan_cache_keys import key_checks
     from fuelpipe.plan.backends import BackendSpec
@@ -161,7 +161,7 @@ def test_a_key_bug_fails_the_gate_key_checks(monkeypatch, plant, broken):
 
 
 def test_the_plan_cache_negative_control_is_caught_by_the_key_checks():
-    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.faults import Fault
 
     failed = [n for n, c in _gate_key_checks(Fault.PLAN_CACHE_IGNORES_WEIGHTS).items() if not c.ok]
     assert failed == ["key: other weights -> another key"]

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kv.batch import NULL_SLOT, PagedBatch
 from fuelpipe.kv.paged import NULL_BLOCK
 from fuelpipe.oracles.base import OracleInput, OracleResult, compare

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from fuelpipe.driver import PlanMode, live_key
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.oracles.faulty import policy_for

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from fuelpipe.driver import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput
 from fuelpipe.oracles.checks import Check
 from fuelpipe.plan.aot_program import cacheable

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.session import DecodeSession

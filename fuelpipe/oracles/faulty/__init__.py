@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 
 from fuelpipe.oracles.faults import Fault
+from fuelpipe.oracles.faulty.views import step_keeping_masked_garbage
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import TokenHostData
 from fuelpipe.plan.validity import PlanKey
 from fuelpipe.plan.weights_identity import WeightsIdentity
-from fuelpipe.step import step_module_for
 
 IGNORED_WEIGHTS = WeightsIdentity((), (), (), ())  # what a key blind to the model's identity holds
 
@@ -73,7 +73,7 @@ class RebuildEveryToken(PlanPolicy):
 
 class UnsafeMaskedSlots(PlanPolicy):
     def step_module(self, backbone, signature):
-        return step_module_for(backbone, signature, keep_masked_garbage=True)
+        return step_keeping_masked_garbage(backbone, signature)
 
 
 class StaleRope(PlanPolicy):

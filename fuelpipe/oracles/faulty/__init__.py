@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from fuelpipe.oracles.faults import Fault
+from fuelpipe.oracles.faulty.fx_passes import passes_under
 from fuelpipe.oracles.faulty.views import step_keeping_masked_garbage
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
@@ -100,24 +101,6 @@ class RebuildOnJoin(PlanPolicy):
 class PackedPrefillCrossRows(PlanPolicy):
     def packed_segment(self, segment: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(segment)  # one segment: causal over the whole packed row
-
-
-# The faulty pass each fault swaps in for a correct one.
-FAULTY_PASSES = {
-    Fault.NAIVE_DCE: (("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),),
-    Fault.SPLIT_PARTS_INTERLEAVED: (
-        ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
-        ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
-        ("run_linears_on_model_weights", "run_linears_on_model_weights_rotated"),
-        ("chain_linears_on_model_weights", "chain_linears_on_model_weights_rotated"),
-    ),
-}
-
-
-def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
-    """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
-    swap = dict(FAULTY_PASSES.get(fault, ()))
-    return tuple(swap.get(p, p) for p in passes)
 
 
 class FaultyPasses(PlanPolicy):

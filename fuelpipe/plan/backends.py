@@ -60,8 +60,11 @@ class BackendSpec:
     # Compile the prompt program with the backend's compiler too (a backend with a ``prompt_compiler``:
     # inductor), shape-generic, on its first call. Off: the prompt program runs as the traced graph.
     compile_prompt: bool = False
-    # Negative control only (fuelpipe.oracles.faulty): backend=aot binds each weight to another of its shape.
-    misbind_constants: bool = False
+
+    def bound_weights(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors an ahead-of-time program's weights are bound to, in order: the weights themselves (a
+        negative control overrides this)."""
+        return weights
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -237,7 +240,7 @@ def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgra
             "uncacheable", f"step kind {step_kind!r} passes host integers: run on the traced fx step, not compiled")
         return program
     fn = AotStep(step, functools.partial(trace_step, rows=spec.rows), tuple(spec.fx_passes),
-                 misbind=spec.misbind_constants, store_dir=spec.plan_cache.dir,
+                 bound_weights=spec.bound_weights, store_dir=spec.plan_cache.dir,
                  max_bytes=spec.plan_cache.max_bytes, seed_dir=spec.plan_cache.seed)
     return StepProgram("aot", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
                        compiles_on_first_call=True, cache_event=fn.event)

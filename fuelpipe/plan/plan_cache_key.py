@@ -49,7 +49,7 @@ _RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelp
 @dataclass(frozen=True)
 class PlanContentKey:
     graph: str
-    weights: str  # "" only when the spec keys without weights (a negative control)
+    weights: str
     inputs: str
     step_kind: str
     backend: str
@@ -175,13 +175,13 @@ def cpu_capability() -> str:
 
 
 def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str, fx_passes: tuple,
-                key_weights: bool = True, recipe: Optional[str] = None) -> PlanContentKey:
+                recipe: Optional[str] = None) -> PlanContentKey:
     """The key of the plan ``gm`` (traced, no passes applied yet) would compile to for ``args``."""
     from fuelpipe.plan.fx_passes import fx_pass
 
     return PlanContentKey(
         graph=graph_digest(gm),
-        weights=weights_digest(gm) if key_weights else "",
+        weights=weights_digest(gm),
         inputs=inputs_digest(args),
         step_kind=step_kind,
         backend=backend,
@@ -195,11 +195,9 @@ def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str
     )
 
 
-def step_content_key(step: torch.nn.Module, args: tuple, *, step_kind: str, fx_passes: tuple,
-                     key_weights: bool = True) -> PlanContentKey:
+def step_content_key(step: torch.nn.Module, args: tuple, *, step_kind: str, fx_passes: tuple) -> PlanContentKey:
     """The key a stored plan of ``step`` called with ``args`` is filed under (inductor and aot share the packages)."""
     from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 
     raw = trace_leaves_unregistered(step)
-    return content_key(raw, args, step_kind=step_kind, backend="inductor", fx_passes=fx_passes,
-                       key_weights=key_weights)
+    return content_key(raw, args, step_kind=step_kind, backend="inductor", fx_passes=fx_passes)

@@ -17,6 +17,7 @@ import torch
 
 from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty.fx_passes import passes_under
+from fuelpipe.oracles.faulty.specs import MisboundAot, PlanCacheIgnoringWeights, recast
 from fuelpipe.oracles.faulty.views import step_keeping_masked_garbage
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
@@ -115,12 +116,12 @@ class FaultyPasses(PlanPolicy):
 
 class AotConstantsMisbound(PlanPolicy):
     def backend(self, spec: BackendSpec) -> BackendSpec:
-        return dataclasses.replace(spec, misbind_constants=True)
+        return recast(MisboundAot, spec)
 
 
 class PlanCacheIgnoresWeights(PlanPolicy):
     def backend(self, spec: BackendSpec) -> BackendSpec:
-        return dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
+        return dataclasses.replace(spec, plan_cache=recast(PlanCacheIgnoringWeights, spec.plan_cache))
 
 
 POLICIES: dict[Fault, PlanPolicy] = {

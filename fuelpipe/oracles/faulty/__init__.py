@@ -1,9 +1,13 @@
 """Faulty strategies: what each negative control installs in place of a correct one.
 
 Production code exposes seams (``fuelpipe.plan.policy.PlanPolicy``'s hooks, a
-``DecodeSession`` subclass, fx passes by name) and knows no fault. Here each
-``Fault`` is a ``PlanPolicy`` that breaks exactly one rule; ``policy_for(fault)``
-is what an oracle hands its context for the negative control. Faults that are
+``DecodeSession`` subclass, a step signature's view factory, fx passes given by
+value, the spec hooks ``BackendSpec.bound_weights`` and ``PlanCacheSpec.filed_key``)
+and knows no fault. Here each ``Fault`` is a ``PlanPolicy`` that breaks exactly
+one rule; ``policy_for(fault)`` is what an oracle hands its context for the
+negative control. The faulty mechanisms the policies install live beside them:
+``views`` (masked garbage), ``fx_passes`` (wrong passes and linear forms) and
+``specs`` (a plan cache blind to weights, misbound AOT weights). Faults that are
 not a plan policy (planted shared code, kernel inputs, quantized scales) stay
 with their oracles.
 """

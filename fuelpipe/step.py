@@ -84,12 +84,10 @@ class Step(nn.Module):
     ``forward`` is written per signature (``_step_class``) so tracing sees one named placeholder per input.
     """
 
-    def __init__(self, backbone: DecodeBackbone, signature: StepSignature, *, keep_masked_garbage: bool = False
-                 ) -> None:
+    def __init__(self, backbone: DecodeBackbone, signature: StepSignature) -> None:
         super().__init__()
         self.backbone = backbone
         self.signature = signature
-        self.keep_masked_garbage = keep_masked_garbage  # True only for a negative control (fuelpipe.oracles.faulty)
 
     def run(self, token_ids, rope_cos, rope_sin, mask, named: list, kv: list) -> torch.Tensor:
         inputs = dict(zip(self.signature.inputs, named))
@@ -97,8 +95,6 @@ class Step(nn.Module):
         live_memo: dict = {}  # one per call: each mask's live slots computed once for all layers
         for view in views:
             view.live_memo = live_memo
-            if self.keep_masked_garbage:
-                view.keep_masked_garbage = True
         return run_step(self.backbone, token_ids, rope_cos, rope_sin, mask, views, inputs.get("last_index"))
 
 
@@ -113,10 +109,9 @@ def _step_class(inputs: tuple[str, ...]) -> type:
     return type("Step_" + "_".join(inputs), (Step,), {"forward": namespace["forward"]})
 
 
-def step_module_for(backbone: DecodeBackbone, signature: StepSignature | str, *,
-                    keep_masked_garbage: bool = False) -> nn.Module:
+def step_module_for(backbone: DecodeBackbone, signature: StepSignature | str) -> nn.Module:
     sig = signature if isinstance(signature, StepSignature) else signature_named(signature)
-    return _step_class(sig.inputs)(backbone, sig, keep_masked_garbage=keep_masked_garbage)
+    return _step_class(sig.inputs)(backbone, sig)
 
 
 def step_args(signature: StepSignature | str, buffers, host, kv: list) -> tuple:

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.masks import FULL, SLIDING, MaskPlan
 from fuelpipe.rope import RopePlan

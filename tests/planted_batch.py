@@ -1,7 +1,7 @@
 """Planted bugs in continuous batching and paged bookkeeping that ``experiment=parity`` must catch.
 
 Each is a pytest monkeypatch of a few lines, of a class the gate once missed (issue 34); none is a
-``fuelpipe.faults.Fault``. ``BUGS`` has the shape of ``tests/test_planted_bugs.py``'s:
+``fuelpipe.oracles.faults.Fault``. ``BUGS`` has the shape of ``tests/test_planted_bugs.py``'s:
 name -> (plant(monkeypatch), gate overrides).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 
 from fuelpipe.config.validate import validate
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.execute import execute
 from fuelpipe.oracles.registry import ORACLES
 from fuelpipe.runner.assemble import assemble

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from family_helpers import FAULT_CASES, FAULTS, forced_tokens, max_err, reference_rows, run_decode
 from fuelpipe.backbone import OFFSET_MODES
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from models.registry import build_random_model, families
 
 FAMILIES = ("llama", "phi", "qwen3", "gemma3")

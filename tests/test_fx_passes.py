@@ -2,11 +2,8 @@
 import torch
 import torch.fx as fx
 
-from fuelpipe.plan.fx_passes import (
-    eliminate_dead_code_keeping_writes,
-    fuse_sibling_linears,
-    naive_eliminate_dead_code,
-)
+from fuelpipe.oracles.faulty.fx_passes import naive_eliminate_dead_code
+from fuelpipe.plan.fx_passes import eliminate_dead_code_keeping_writes, fuse_sibling_linears
 from fuelpipe.step import step_module_for
 
 

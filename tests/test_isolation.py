@@ -4,7 +4,7 @@ import torch
 
 from conftest import decode_logits
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 
 PROMPT_A = [3, 17, 42, 7, 99]

@@ -8,12 +8,12 @@ fit is not used. The compiling tests share one store for the module: one compile
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from fuelpipe.context import InferenceContext
+from fuelpipe.oracles.faults import Fault
+from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.plan.backends import BackendSpec, trace_step
 from fuelpipe.plan.layer_programs import fits
 from fuelpipe.plan.layer_segments import NotSegmentable, cut, group_by_signature, record_values
@@ -98,7 +98,7 @@ def test_misbound_layer_weights_are_caught_by_the_reference(store, threads):
     """The negative control of the weight binding: each weight given the next same-shape weight of its layer."""
     threads(1)
     model = build_random_model("llama", "tiny", seed=0)
-    ctx = InferenceContext(model, dataclasses.replace(aot(store), misbind_constants=True))
+    ctx = InferenceContext(model, aot(store), policy=policy_for(Fault.AOT_CONSTANTS_MISBOUND))
     got = decode(ctx)
     want = decode(InferenceContext(model, "eager"))
     assert (got - want).abs().max().item() > 1e-3

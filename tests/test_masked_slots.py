@@ -12,7 +12,7 @@ import torch
 from conftest import PROMPT, default_or_slow
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import NonFiniteLogitsError
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.sampling import greedy
 from models.registry import build_random_model

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from conftest import CONF
 from fuelpipe.config import register_configs
 from fuelpipe.config.validate import validate
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.registry import ORACLES, OracleSpec, Tolerance
 from fuelpipe.runner.oracles import enabled_oracles
 

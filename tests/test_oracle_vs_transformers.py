@@ -16,7 +16,7 @@ import pytest
 from conftest import default_or_slow
 import torch
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles import hf_twin
 from fuelpipe.oracles.planted import planted
 from fuelpipe.oracles.registry import ORACLES

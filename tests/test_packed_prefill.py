@@ -12,7 +12,7 @@ from fuelpipe.batch import BatchDecoder, BatchSpec, ContinuousBatcher, Request
 from fuelpipe.batch.packed_prefill import pack_prompts, packed_mask_variants
 from fuelpipe.context import InferenceContext
 from fuelpipe.errors import InputError, KvCacheError
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kv.paged import KvOutOfBlocksError
 from fuelpipe.masks import MaskPlan
 from fuelpipe.oracles.registry import ORACLES

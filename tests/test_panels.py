@@ -15,11 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuelpipe.context import InferenceContext
+from fuelpipe.oracles.faulty.fx_passes import pack_linears_into_panels_misordered, pack_panels_misordered
 from fuelpipe.plan import linear_forms
 from fuelpipe.plan.backends import BackendSpec
-from fuelpipe.plan.fx_passes import pack_linears_into_panels, pack_linears_into_panels_misordered
+from fuelpipe.plan.fx_passes import pack_linears_into_panels
 from fuelpipe.plan.linear_forms import FORMS, choose_forms, measured_linears
-from fuelpipe.plan.panels import PANEL, pack_panels, pack_panels_misordered, panel_linear, unpack_panels
+from fuelpipe.plan.panels import PANEL, pack_panels, panel_linear, unpack_panels
 from models.registry import build_random_model
 
 SHAPES = [(33, 7), (16, 1), (64, 64), (4099, 48), (576, 576)]

@@ -3,7 +3,7 @@ import pytest
 
 from conftest import PROMPT
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.plan.validity import PlanValidity
 

@@ -4,7 +4,7 @@ import torch
 
 from conftest import PROMPT, decode_logits, fed_sequence
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 
 STEPS = 32

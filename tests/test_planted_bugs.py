@@ -3,7 +3,7 @@
 Every bug below is a few lines changed in one place, of a kind real engines
 shipped (paged block bookkeeping, RoPE rows, window boundaries, weight
 identity, masked garbage, cache rollback, block tables, fused biases, thread
-splits). None of them is one of ``fuelpipe.faults.Fault``: the gate has no
+splits). None of them is one of ``fuelpipe.oracles.faults.Fault``: the gate has no
 switch for them. Each runs ``experiment=parity`` in-process on a tiny model,
 as a CI user's gate would, and must end with status ``failed`` (exit 1).
 Bugs in the C++ kernels cannot be monkeypatched: ``tests/planted_kernels.py`` plants those in

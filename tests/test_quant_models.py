@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import with_tiny_model
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kernels.build import load
 from fuelpipe.oracles.execute import execute
 from fuelpipe.oracles.registry import oracle

@@ -204,7 +204,7 @@ def test_a_stage_registered_in_process_gets_a_schema_section_validation_a_run_an
 
 
 def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_control(compose_cfg):
-    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.faults import Fault
     from fuelpipe.oracles import plan_vs_replan
     from fuelpipe.oracles.base import OracleResult
     from fuelpipe.oracles.registry import OracleSpec, Tolerance
@@ -237,7 +237,7 @@ def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_cont
 def test_an_oracle_that_passes_under_its_negative_control_makes_the_run_uncaught(compose_cfg):
     """A toothless oracle cannot hide among working ones: its uncaught fault is the run's status (exit 4)."""
     from fuelpipe.config import register_configs
-    from fuelpipe.faults import Fault
+    from fuelpipe.oracles.faults import Fault
     from fuelpipe.oracles.base import OracleResult
     from fuelpipe.oracles.registry import OracleSpec, Tolerance
     from fuelpipe.results import EXIT_CODES, UNCAUGHT

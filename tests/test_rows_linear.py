@@ -15,11 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuelpipe.context import InferenceContext
+from fuelpipe.oracles.faulty.fx_passes import (chain_linears_on_model_weights_rotated,
+                                               run_linears_on_model_weights_rotated)
 from fuelpipe.plan import derived_weights, linear_forms
 from fuelpipe.plan.backends import BackendSpec, trace_step
 from fuelpipe.plan.derived_weights import owned_bytes
-from fuelpipe.plan.fx_passes import (chain_linears_on_model_weights_rotated, fuse_sibling_linears,
-                                     run_linears_on_model_weights_rotated)
+from fuelpipe.plan.fx_passes import fuse_sibling_linears
 from fuelpipe.plan.linear_forms import COPY_MIN_GAIN, FORMS, choose_forms, pick
 from fuelpipe.plan.panels import kernels_available
 from fuelpipe.plan.rows_linear import reference_rows_linear, rows_linear

@@ -26,7 +26,7 @@ import fuelpipe  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from fuelpipe.api import TextModel  # noqa: E402
 from fuelpipe.context import InferenceContext  # noqa: E402
-from fuelpipe.faults import Fault  # noqa: E402
+from fuelpipe.oracles.faults import Fault  # noqa: E402
 from fuelpipe.oracles.faulty import policy_for  # noqa: E402
 from fuelpipe.serve import EngineSpec, Server  # noqa: E402
 from models.registry import build_random_model  # noqa: E402

@@ -11,7 +11,7 @@ from batch_helpers import WIDTH, tiny
 from batch_helpers import batch_cache as _batch_cache
 from fuelpipe.batch import BatchDecoder, BatchSpec
 from fuelpipe.context import InferenceContext
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.kv import slot_attention as sa
 from fuelpipe.plan.backends import BackendSpec

@@ -6,7 +6,7 @@ import torch
 from conftest import PROMPT, decode_logits, fed_sequence
 from fuelpipe.context import InferenceContext
 from fuelpipe.driver import live_key
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.plan.validity import PlanValidity
 from fuelpipe.plan.weights_identity import weights_identity

@@ -196,14 +196,7 @@ def _backend(b: DictConfig) -> list[str]:
         reasons.append("backend.device=cuda but torch.cuda.is_available() is False")
     for name in b.fx_passes:
         if name not in FX_PASSES:
-            usable = [p for p in FX_PASSES if not FX_PASSES.get(p).negative_control_only]
-            reasons.append(did_you_mean("backend.fx_passes entry", name, usable))
-        elif name == "naive_eliminate_dead_code":
-            reasons.append("backend.fx_passes: naive_eliminate_dead_code drops KV writes; it exists only "
-                           "as a negative control (experiment.negative_control)")
-        elif FX_PASSES.get(name).negative_control_only:
-            reasons.append(f"backend.fx_passes: {name} is a deliberately wrong pass; it exists only "
-                           "as a negative control (experiment.negative_control)")
+            reasons.append(did_you_mean("backend.fx_passes entry", name, FX_PASSES))
     if b.threads is not None and b.threads < 1:
         reasons.append(f"backend.threads must be >= 1, got {b.threads}")
     return reasons

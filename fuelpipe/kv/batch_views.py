@@ -11,7 +11,6 @@ slots come back as exactly 0, as in every one-sequence view.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fuelpipe.kv import slot_attention as _attention
 from fuelpipe.kv.views import _Visible
@@ -48,11 +47,7 @@ class SlotKv(_Visible):
         """Write k, v [B, Hkv, T, D]; q [B, H, T, D] attends each row's slot under mask [B, 1, T, S].
 
         One traced call (``fuelpipe.kv.slot_attention``) over the written buffers, which a pass may
-        hand to the C++ kernel. Under the negative control the gathered form runs instead,
-        so its masked garbage still reaches attention."""
-        if self.keep_masked_garbage:
-            keys, values, mask = self.write_and_read(k, v, mask)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        hand to the C++ kernel."""
         k_buf, cut = self._attended(_write_rows(self.k_buf, self.slot_ids, self.write_pos, k), mask)
         v_buf, _ = self._attended(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v), mask)
         return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, cut, scale)

@@ -13,7 +13,7 @@ Two ways of carrying the write offset (both stay alive, see docs/architecture.md
 Every view returns only attendable data: a slot that no query of the step may
 attend is returned as exactly 0 (``without_masked_slots``), whatever the
 buffer holds there (a recycled block's NaN, a reused cache's old rows, the
-null block). ``keep_masked_garbage`` exists only for the negative control.
+null block).
 
 The one-sequence contiguous views also ``attend``: write, then one traced
 ``slot_attention`` call over the written buffer (one slot, slot 0), which the
@@ -24,7 +24,6 @@ copy of the whole capacity plus SDPA over it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fuelpipe.kv import slot_attention as _attention  # called through the module: fx patches its leaf there
 from fuelpipe.masks import live_slots_as, without_masked_slots
@@ -33,15 +32,12 @@ from fuelpipe.masks import live_slots_as, without_masked_slots
 class _Visible:
     """Mixin: the masked-slot cleaning every view applies to what it returns."""
 
-    keep_masked_garbage = False  # set per instance only by a negative control (fuelpipe.oracles.faulty)
     # Shared by every view of one step call (set by the step module): the live-slot vector of a
     # mask is computed once per step, not once per layer and slot. Values hold the mask itself,
     # so its id cannot be recycled while the memo lives.
     live_memo: dict | None = None
 
     def _visible(self, x: torch.Tensor, mask: torch.Tensor, slot_dim: int) -> torch.Tensor:
-        if self.keep_masked_garbage:
-            return x
         memo = self.live_memo
         if memo is None:
             return without_masked_slots(x, mask, slot_dim)
@@ -58,11 +54,7 @@ class _AttendsInPlace(_Visible):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
         """Write k, v [1, Hkv, T, D]; q [1, H, T, D] attends under mask [1, 1, T, S] -> [1, H, T, Dv].
 
-        One traced ``slot_attention`` call over the written buffers (the sequence is slot 0); under the
-        negative control the masked copy is skipped and its garbage reaches SDPA."""
-        if self.keep_masked_garbage:
-            keys, values, mask = self.write_and_read(k, v, mask)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        One traced ``slot_attention`` call over the written buffers (the sequence is slot 0)."""
         k_buf, v_buf, mask = self._written(k, v, mask)
         return _attention.slot_attention(q, k_buf, v_buf, mask.new_zeros(1, dtype=torch.int64), mask, scale)
 

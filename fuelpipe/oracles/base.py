@@ -12,7 +12,7 @@ from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.batch.buckets import BatchSpec
 from fuelpipe.context import InferenceContext
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.faulty import policy_for
 from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.spec import KvSpec

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kv.batch import PagedBatch
 from fuelpipe.kv.batch_slots import NULL_SLOT
 from fuelpipe.kv.paged import NULL_BLOCK

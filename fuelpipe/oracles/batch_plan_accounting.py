@@ -22,7 +22,7 @@ import dataclasses
 
 from fuelpipe.driver import live_key
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.kv.batch import BucketView
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.oracles.faulty import policy_for

@@ -42,7 +42,7 @@ from typing import Iterator, Optional
 import torch
 
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup, compare, compare_scaled, forced_logits, greedy_run
 from fuelpipe.oracles.worker_pool import run_checks, worker_count
 from fuelpipe.oracles.faulty import passes_under

@@ -7,7 +7,7 @@ from typing import Callable, Mapping, Optional
 
 from fuelpipe.backbone import DecodeBackbone
 from fuelpipe.batch.buckets import BatchSpec
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, Setup
 from fuelpipe.oracles.registry import OracleSpec, Tolerance
 from fuelpipe.plan import build_tally

@@ -57,7 +57,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, skipped
 from fuelpipe.oracles.kernel_parity_slots import slot_cases
 from fuelpipe.plan.panels import pack_panels

@@ -9,7 +9,7 @@ rebuilds: over-keying, a performance bug no logit comparison can see).
 from __future__ import annotations
 
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult
 from fuelpipe.sampling import greedy
 

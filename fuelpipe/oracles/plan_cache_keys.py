@@ -5,8 +5,9 @@ the key alone decides whether a plan compiled elsewhere is served here. It is
 computed from the step's traced graph and first arguments; this module obtains
 it the way a real build does, through a backend: ``PROBE`` is registered for the
 duration of the check, runs the step eagerly and records the key its first
-decode call would be stored under (``step_content_key``, the function the stored
-backends call). So the key is checked on the default backend too, where nothing
+decode call would be stored under (``step_content_key`` as the build's
+``PlanCacheSpec.filed_key`` files it, what the stored backends call; the negative
+control's policy recasts that spec). So the key is checked on the default backend too, where nothing
 is stored, and a bug in it cannot wait for the first user with a plan cache.
 
 Both halves:
@@ -33,13 +34,13 @@ from typing import Optional
 import torch
 
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
 from fuelpipe.oracles.base import OracleInput
 from fuelpipe.oracles.checks import Check
 from fuelpipe.plan.aot_program import cacheable
 from fuelpipe.plan.backends import BACKENDS, BackendEntry, BackendSpec, StepProgram
 from fuelpipe.plan.fx_passes import FX_PASSES, FxPass
 from fuelpipe.plan.plan_cache_key import PlanContentKey, step_content_key
+from fuelpipe.plan.plan_store import PlanCacheSpec
 
 PROBE = "plan_cache_key_probe"
 PROBE_PASS = "plan_cache_key_probe_pass"
@@ -52,13 +53,13 @@ class _KeyProbe:
     step: torch.nn.Module
     step_kind: str
     passes: tuple[str, ...]
-    key_weights: bool
+    plan_cache: PlanCacheSpec
     key: Optional[PlanContentKey] = None
 
     def __call__(self, *args):
         if self.key is None:
-            self.key = step_content_key(self.step, args, step_kind=self.step_kind, fx_passes=self.passes,
-                                        key_weights=self.key_weights)
+            self.key = self.plan_cache.filed_key(step_content_key(self.step, args, step_kind=self.step_kind,
+                                                                  fx_passes=self.passes))
         return self.step(*args)
 
 
@@ -70,8 +71,7 @@ class KeyProbe:
     built: list[_KeyProbe] = field(default_factory=list)
 
     def _build(self, spec: BackendSpec, step: torch.nn.Module, step_kind: str) -> StepProgram:
-        probe = _KeyProbe(step, step_kind, spec.fx_passes,
-                          key_weights=self.inp.fault is not Fault.PLAN_CACHE_IGNORES_WEIGHTS)
+        probe = _KeyProbe(step, step_kind, spec.fx_passes, spec.plan_cache)
         self.built.append(probe)
         return StepProgram(PROBE, probe, None, 0.0)
 
@@ -83,7 +83,7 @@ class KeyProbe:
         offset = inp.setup.offset_mode if inp.setup.offset_mode and cacheable(inp.setup.offset_mode) else "tensor"
         with BACKENDS.swapped(BackendEntry(PROBE, self._build)):
             ctx = inp.setup.with_changes(backend=BackendSpec(name=PROBE, fx_passes=passes), offset_mode=offset) \
-                .context(model, plan=PlanMode.plan_once)
+                .context(model, plan=PlanMode.plan_once, fault=inp.fault)
             cache = inp.setup.kv.new_cache(ctx, capacity)
             prompt = list(inp.prompts[0]) + [(t + 1) % model.dims.vocab_size for t in inp.prompts[0][:lead]]
             ctx.prefill(cache, prompt)

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.rope import RopeSpec
 
 _CORRECT_INV_FREQ = RopeSpec.inv_freq

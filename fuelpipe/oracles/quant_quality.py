@@ -38,7 +38,7 @@ import copy
 import torch
 
 from fuelpipe.modes import PlanMode
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
 from fuelpipe.oracles.base import OracleInput, OracleResult, forced_logits, greedy_run, skipped
 from fuelpipe.oracles.quant_bounds import check_model
 

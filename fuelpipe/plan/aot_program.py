@@ -115,8 +115,8 @@ class CachedAotStep(_BuiltOnFirstCall):
     def _load_or_compile(self, args: tuple) -> Callable:
         store = PlanStore(self.spec_cache.dir, self.spec_cache.max_bytes)
         t0 = time.perf_counter()
-        key = step_content_key(self.step, args, step_kind=self.step_kind, fx_passes=self.passes,
-                               key_weights=self.spec_cache.key_weights)
+        key = self.spec_cache.filed_key(step_content_key(self.step, args, step_kind=self.step_kind,
+                                                         fx_passes=self.passes))
         fields, digest = key.fields(), key.digest()
         ev = self.event
         ev.key, ev.key_s = digest, time.perf_counter() - t0
@@ -165,7 +165,8 @@ class AotStep(_BuiltOnFirstCall):
     step: nn.Module
     trace: Callable  # (step, passes) -> (GraphModule, applied passes): fuelpipe.plan.backends.trace_step
     passes: tuple[str, ...]
-    misbind: bool = False  # negative control only (fuelpipe.oracles.faulty): bind each weight to another of its shape
+    # the tensors the program's weights are bound to, in order: ``BackendSpec.bound_weights``
+    bound_weights: Callable[[list[torch.Tensor]], list[torch.Tensor]]
     store_dir: Optional[str] = None  # the plan cache folder; None: compile privately, keep nothing
     max_bytes: int = 8 << 30
     seed_dir: Optional[str] = None  # a folder to copy verified programs from on a miss (never written)
@@ -206,7 +207,7 @@ class AotStep(_BuiltOnFirstCall):
         seed = PlanStore(self.seed_dir, self.max_bytes) if self.seed_dir is not None and store is not None else None
         build = self.layer_build = LayerBuild()
         programs = build_programs(groups, lambda s: [values[i] for i in s.inputs], store, build, seed=seed)
-        calls = [LayerCall(programs[s.signature], s.state, misbind=self.misbind) for s in the_cut.segments]
+        calls = [LayerCall(programs[s.signature], self.bound_weights(s.state)) for s in the_cut.segments]
         run = assemble(gm, the_cut, calls)
         ev = self.event
         ev.status = "private" if store is None else ("hit" if build.compiled == 0 else "miss")
@@ -229,21 +230,9 @@ class AotStep(_BuiltOnFirstCall):
             t1 = time.perf_counter()
             run = _load(out)
             self.event.entry_bytes = out.stat().st_size
-        run.bind_constants(_misbound(constants) if self.misbind else constants)
+        run.bind_constants(dict(zip(constants, self.bound_weights(list(constants.values())))))
         self.event.compile_s, self.event.load_s = t1 - t0, time.perf_counter() - t1
         return run
-
-
-def _misbound(constants: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The negative control's binding: each constant's name given the next same-shape constant's tensor."""
-    by_shape: dict[tuple, list[str]] = {}
-    for name, t in constants.items():
-        by_shape.setdefault((tuple(t.shape), t.dtype), []).append(name)
-    out = dict(constants)
-    for names in by_shape.values():
-        for i, name in enumerate(names):
-            out[name] = constants[names[(i + 1) % len(names)]]
-    return out
 
 
 def _compile(gm, args: tuple, out: Path, weights_in_package: bool = True) -> dict[str, torch.Tensor]:

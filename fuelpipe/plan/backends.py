@@ -29,7 +29,7 @@ from fuelpipe.errors import ConfigError
 from fuelpipe.modes import CachePolicy, values
 from fuelpipe.plan.build_tally import counted_build
 from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
-from fuelpipe.plan.fx_passes import FX_PASSES
+from fuelpipe.plan.fx_passes import FX_PASSES, FxPass, fx_pass
 from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 from fuelpipe.plan.linear_forms import materialize_lazy_linears
 from fuelpipe.plan.plan_store import PlanCacheSpec
@@ -45,7 +45,8 @@ CACHE_POLICIES = values(CachePolicy)  # the runtime's strings; the enum (fuelpip
 @dataclass(frozen=True)
 class BackendSpec:
     name: str = "fx"
-    fx_passes: tuple[str, ...] = DEFAULT_FX_PASSES
+    # Registered pass names (or an unregistered ``FxPass`` given by value, which no config can name)
+    fx_passes: tuple[str | FxPass, ...] = DEFAULT_FX_PASSES
     # What a rebuild may reuse (fuelpipe.modes.CachePolicy): "cold" = nothing compiled is reused
     # (inductor's FX-graph and autograd caches are off for the build); "warm" = on-disk /
     # in-memory compile caches may serve a rebuild. Stated in every result.
@@ -59,15 +60,18 @@ class BackendSpec:
     # Compile the prompt program with the backend's compiler too (a backend with a ``prompt_compiler``:
     # inductor), shape-generic, on its first call. Off: the prompt program runs as the traced graph.
     compile_prompt: bool = False
-    # Negative control only (fuelpipe.oracles.faulty): backend=aot binds each weight to another of its shape.
-    misbind_constants: bool = False
+
+    def bound_weights(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors an ahead-of-time program's weights are bound to, in order: the weights themselves (a
+        negative control overrides this)."""
+        return weights
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
             raise ConfigError(did_you_mean("backend", self.name, BACKENDS))
         if self.cache_policy not in CACHE_POLICIES:
             raise ConfigError(f"cache_policy must be one of {list(CACHE_POLICIES)}, got {self.cache_policy!r}")
-        unknown = [p for p in self.fx_passes if p not in FX_PASSES]
+        unknown = [p for p in self.fx_passes if not isinstance(p, FxPass) and p not in FX_PASSES]
         if unknown:
             raise ConfigError(f"unknown fx passes {unknown}; available: {', '.join(FX_PASSES)}")
 
@@ -119,21 +123,21 @@ class StepProgram:
         return stack
 
 
-def trace_step(step: nn.Module, passes: tuple[str, ...], rows: int = 1,
+def trace_step(step: nn.Module, passes: tuple[str | FxPass, ...], rows: int = 1,
                sequences: Optional[int] = None) -> tuple[fx.GraphModule, dict[str, int]]:
-    """``step`` traced into an fx graph with ``passes`` (registered fx pass names) applied in order.
+    """``step`` traced into an fx graph with ``passes`` (registered fx pass names, or passes) applied in order.
 
     ``rows``: how many rows each linear sees per call, for the passes that take it; ``sequences``: how
     many sequences the step serves (the head's rows; a prompt program's 1), where it differs."""
     gm = trace_leaves_unregistered(step)
     applied = {}
     with _recompiled_once(gm):
-        for name in passes:
-            fx_pass = FX_PASSES.get(name)
-            if fx_pass.takes_sequences and sequences is not None:
-                applied[name] = fx_pass.run(gm, rows, sequences=sequences)
+        for entry in passes:
+            run = fx_pass(entry)
+            if run.takes_sequences and sequences is not None:
+                applied[run.name] = run.run(gm, rows, sequences=sequences)
             else:
-                applied[name] = fx_pass.run(gm, rows) if fx_pass.takes_rows else fx_pass.run(gm)
+                applied[run.name] = run.run(gm, rows) if run.takes_rows else run.run(gm)
         materialize_lazy_linears(gm)  # a fused group no pass rewrote runs on its concatenated weight
     return gm, applied
 
@@ -236,7 +240,7 @@ def _build_aot(spec: BackendSpec, step: nn.Module, step_kind: str) -> StepProgra
             "uncacheable", f"step kind {step_kind!r} passes host integers: run on the traced fx step, not compiled")
         return program
     fn = AotStep(step, functools.partial(trace_step, rows=spec.rows), tuple(spec.fx_passes),
-                 misbind=spec.misbind_constants, store_dir=spec.plan_cache.dir,
+                 bound_weights=spec.bound_weights, store_dir=spec.plan_cache.dir,
                  max_bytes=spec.plan_cache.max_bytes, seed_dir=spec.plan_cache.seed)
     return StepProgram("aot", fn, None, 0.0, None, fn.passes_applied, spec.cache_policy,
                        compiles_on_first_call=True, cache_event=fn.event)

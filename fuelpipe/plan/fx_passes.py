@@ -36,7 +36,7 @@ from torch import nn
 
 from fuelpipe.registry import Registry
 from fuelpipe.plan.derived_weights import derived
-from fuelpipe.plan.linear_forms import FAULTY_FORMS, FORMS, measured_linears, measured_linears_allowing_copies
+from fuelpipe.plan.linear_forms import FORMS, measured_linears, measured_linears_allowing_copies
 from fuelpipe.plan.linear_rewrite import linear_of, rewrite_all
 from fuelpipe.plan import split_gemv  # noqa: F401  (registers torch.ops.fuelpipe.split_gemv)
 
@@ -53,14 +53,6 @@ def is_inplace(node: fx.Node) -> bool:
 def eliminate_dead_code_keeping_writes(gm: fx.GraphModule) -> int:
     before = len(gm.graph.nodes)
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_inplace(n))
-    gm.recompile()
-    return before - len(gm.graph.nodes)
-
-
-def naive_eliminate_dead_code(gm: fx.GraphModule) -> int:
-    """torch.fx's default DCE. Kept only as the negative control the tests must catch."""
-    before = len(gm.graph.nodes)
-    gm.graph.eliminate_dead_code()
     gm.recompile()
     return before - len(gm.graph.nodes)
 
@@ -191,12 +183,7 @@ def split_linears_across_threads(gm: fx.GraphModule) -> int:
     The replaced linears (including fused ones) are dropped from the graph module, so the
     plan holds one copy of each weight, not two.
     """
-    return _all_in_form(gm, FORMS["split_gemv"], rows=1)
-
-
-def split_linears_across_threads_interleaved(gm: fx.GraphModule) -> int:
-    """A deliberately wrong pass (negative control): parts filled strided, assembled as blocks."""
-    return _all_in_form(gm, FAULTY_FORMS["split_gemv"], rows=1)
+    return all_in_form(gm, FORMS["split_gemv"], rows=1)
 
 
 def transpose_linears_for_gemm(gm: fx.GraphModule) -> int:
@@ -207,41 +194,28 @@ def transpose_linears_for_gemm(gm: fx.GraphModule) -> int:
     (measured on SmolLM2's shapes at 8 rows). The copies are shared by every plan built
     from the same weights (``derived_weights``), so all of a batch's bucket plans hold one set.
     """
-    return _all_in_form(gm, FORMS["gemm_transposed"], rows=2)
+    return all_in_form(gm, FORMS["gemm_transposed"], rows=2)
 
 
 def pack_linears_into_panels(gm: fx.GraphModule) -> int:
     """Run each CPU f32 ``nn.Linear`` through the panel kernel (``fuelpipe.plan.panels``). Returns count."""
-    return _all_in_form(gm, FORMS["panels"], rows=1, require=True)
-
-
-def pack_linears_into_panels_misordered(gm: fx.GraphModule) -> int:
-    """A deliberately wrong pass (negative control) for panels: each panel's columns reversed."""
-    return _all_in_form(gm, FAULTY_FORMS["panels"], rows=1, require=True)
+    return all_in_form(gm, FORMS["panels"], rows=1, require=True)
 
 
 def run_linears_on_model_weights(gm: fx.GraphModule) -> int:
     """Run each CPU f32 ``nn.Linear`` through the C++ kernel on the model's own weights
     (``fuelpipe.plan.rows_linear``): no copy, a fused group on its parts where they lie. Returns count."""
-    return _all_in_form(gm, FORMS["rows"], rows=1, require=True)
-
-
-def run_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """A deliberately wrong pass (negative control) for the in-place form: each part's rows rotated."""
-    return _all_in_form(gm, FAULTY_FORMS["rows"], rows=1, require=True)
+    return all_in_form(gm, FORMS["rows"], rows=1, require=True)
 
 
 def chain_linears_on_model_weights(gm: fx.GraphModule) -> int:
     """``run_linears_on_model_weights`` in the prompt recipe (``rows_linear(chain=True)``). Returns count."""
-    return _all_in_form(gm, FORMS["rows_chain"], rows=2, require=True)
+    return all_in_form(gm, FORMS["rows_chain"], rows=2, require=True)
 
 
-def chain_linears_on_model_weights_rotated(gm: fx.GraphModule) -> int:
-    """A deliberately wrong pass (negative control) for the prompt recipe: each part's rows rotated."""
-    return _all_in_form(gm, FAULTY_FORMS["rows_chain"], rows=2, require=True)
-
-
-def _all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> int:
+def all_in_form(gm: fx.GraphModule, form, rows: int, require: bool = False) -> int:
+    """Rewrite every linear that ``form`` can run at ``rows`` rows into it (``require``: the C++ kernels must
+    build here, a typed error otherwise). Returns how many."""
     threads = torch.get_num_threads()
     if require:
         _require_kernels()
@@ -276,13 +250,12 @@ class FxPass:
     """A graph pass, registered by name (``fuelpipe.fx_passes`` entry points; ``backend.fx_passes`` lists names).
 
     ``run`` rewrites the traced step graph in place and returns how many sites it changed
-    (``run(gm, rows)`` when ``takes_rows``).
-    ``negative_control_only``: a deliberately wrong pass that a config may not name.
+    (``run(gm, rows)`` when ``takes_rows``). A ``BackendSpec``'s pass list may also carry an ``FxPass``
+    by value, in place of a name: a pass that is not registered, so no config can name it (``fx_pass``).
     """
 
     name: str
     run: Callable[..., int]
-    negative_control_only: bool = False
     takes_rows: bool = False  # run(gm, rows): the rows each linear sees per call (1, or a batch's B)
     # run(gm, rows, sequences=n): also how many sequences the step serves (what the head sees), when known
     takes_sequences: bool = False
@@ -300,15 +273,13 @@ BUILTIN_PASSES = (
            takes_sequences=True),
     FxPass("measured_linears", measured_linears, takes_rows=True, takes_sequences=True),
     FxPass("slot_attention_kernel", slot_attention_kernel),
-    FxPass("naive_eliminate_dead_code", naive_eliminate_dead_code, negative_control_only=True),
-    FxPass("split_linears_across_threads_interleaved", split_linears_across_threads_interleaved,
-           negative_control_only=True),
-    FxPass("pack_linears_into_panels_misordered", pack_linears_into_panels_misordered, negative_control_only=True),
-    FxPass("run_linears_on_model_weights_rotated", run_linears_on_model_weights_rotated, negative_control_only=True),
-    FxPass("chain_linears_on_model_weights_rotated", chain_linears_on_model_weights_rotated,
-           negative_control_only=True),
 )
 FX_PASSES: Registry[FxPass] = Registry("fuelpipe.fx_passes", "fx pass", FxPass)
+
+
+def fx_pass(entry: str | FxPass) -> FxPass:
+    """The pass an entry of a pass list means: a registered pass by its name, or an ``FxPass`` given by value."""
+    return entry if isinstance(entry, FxPass) else FX_PASSES.get(entry)
 
 
 # The explicit forms the measured pass chooses among that have a pass of their own (config_variants
@@ -322,6 +293,6 @@ MEASURED_FORM_PASSES = ("split_linears_across_threads", "pack_linears_into_panel
 GEMM_INSTEAD = {"split_linears_across_threads": "transpose_linears_for_gemm"}
 
 
-def passes_for_rows(passes: tuple[str, ...], rows: int) -> tuple[str, ...]:
+def passes_for_rows(passes: tuple[str | FxPass, ...], rows: int) -> tuple[str | FxPass, ...]:
     """``passes`` for a step whose linears see ``rows`` rows per call (batch x tokens)."""
     return tuple(passes) if rows == 1 else tuple(GEMM_INSTEAD.get(p, p) for p in passes)

@@ -205,12 +205,10 @@ def _load_package(path: Path):
 class LayerCall(nn.Module):
     """One layer of the assembled step: its inputs, then its own weights, into the shared program."""
 
-    def __init__(self, program: LayerProgram, state: list[torch.Tensor], misbind: bool = False) -> None:
+    def __init__(self, program: LayerProgram, state: list[torch.Tensor]) -> None:
         super().__init__()
         self.program = program
         self.weights = list(state)  # held (not registered): the model's tensors, by reference
-        if misbind:  # negative control only: each weight given the next same-shape weight of the layer
-            self.weights = _rotated_same_shape(self.weights)
         self.most_threads = compile_threads()
 
     def forward(self, *inputs):
@@ -222,17 +220,6 @@ class LayerCall(nn.Module):
             return self.program([*inputs, *self.weights])
         finally:
             torch.set_num_threads(threads)
-
-
-def _rotated_same_shape(ws: list[torch.Tensor]) -> list[torch.Tensor]:
-    by_shape: dict[tuple, list[int]] = {}
-    for k, t in enumerate(ws):
-        by_shape.setdefault((tuple(t.shape), t.dtype), []).append(k)
-    out = list(ws)
-    for ks in by_shape.values():
-        for j, k in enumerate(ks):
-            out[k] = ws[ks[(j + 1) % len(ks)]]
-    return out
 
 
 def build_programs(groups: dict[str, list[Segment]], examples: Callable[[Segment], list[torch.Tensor]],

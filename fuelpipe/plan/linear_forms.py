@@ -51,9 +51,9 @@ from torch import nn
 
 from fuelpipe.plan.derived_weights import derived
 from fuelpipe.plan.linear_rewrite import linear_of, rewrite_all
-from fuelpipe.plan.panels import kernels_available, pack_panels, pack_panels_misordered, panel_linear
+from fuelpipe.plan.panels import kernels_available, pack_panels, panel_linear
 from fuelpipe.plan.rows_linear import rows_linear
-from fuelpipe.plan.split_gemv import WIDE_RATIO, split_weight, split_weight_interleaved, worth_splitting
+from fuelpipe.plan.split_gemv import WIDE_RATIO, split_weight, worth_splitting
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
 
@@ -121,30 +121,20 @@ def _cpu_f32(lin: nn.Linear) -> bool:
     return device_of(lin).type == "cpu" and lin.weight.dtype == torch.float32
 
 
-def _split_copy(lin: nn.Linear, splitter=split_weight) -> tuple[torch.Tensor, bool]:
+def _split_copy(lin: nn.Linear) -> tuple[torch.Tensor, bool]:
     parts, shape = torch.get_num_threads(), lin.weight.shape
-    w = derived(f"{splitter.__name__}/{parts}", sources_of(lin), lambda: splitter(weight_of(lin), parts)[0])
+    w = derived(f"split_weight/{parts}", sources_of(lin), lambda: split_weight(weight_of(lin), parts)[0])
     return w, shape[0] >= WIDE_RATIO * shape[1]
 
 
-def _panels_copy(lin: nn.Linear, packer=pack_panels) -> tuple[torch.Tensor, int]:
+def _panels_copy(lin: nn.Linear) -> tuple[torch.Tensor, int]:
     shape = lin.weight.shape
-    tag = f"{packer.__name__}/{'x'.join(map(str, shape))}"
-    return derived(tag, sources_of(lin), lambda: packer(weight_of(lin))), shape[0]
+    tag = f"pack_panels/{'x'.join(map(str, shape))}"
+    return derived(tag, sources_of(lin), lambda: pack_panels(weight_of(lin))), shape[0]
 
 
 def _rows_parts(lin: nn.Linear) -> tuple[list[torch.Tensor], None]:
     return [t.detach() for t in sources_of(lin)], None
-
-
-def _rows_parts_rotated(lin: nn.Linear) -> tuple[list[torch.Tensor], None]:
-    """The negative control: each part given as its rows 1.. then row 0 (views, no copy), so every part's
-    outputs come back rotated by one."""
-    parts = []
-    for t in sources_of(lin):
-        t = t.detach()
-        parts += [t[1:], t[:1]] if t.shape[0] > 1 else [t]
-    return parts, None
 
 
 def _split_call(x, w, b):
@@ -208,17 +198,6 @@ FORMS: dict[str, LinearForm] = {
     "rows_chain": LinearForm("rows_chain", lambda lin, rows, threads: rows > 1 and _cpu_f32(lin)
                              and kernels_available() is None, _rows_parts, _rows_chain_call, _rows_chain_emit,
                              copies=lambda lin: False),
-}
-# Deliberately wrong forms, for a negative control (fuelpipe.oracles.faulty): outputs assembled in the wrong order.
-FAULTY_FORMS: dict[str, LinearForm] = {
-    "split_gemv": LinearForm("split_gemv_interleaved", FORMS["split_gemv"].usable,
-                             lambda lin: _split_copy(lin, split_weight_interleaved), _split_call, _split_emit),
-    "panels": LinearForm("panels_misordered", FORMS["panels"].usable,
-                         lambda lin: _panels_copy(lin, pack_panels_misordered), _panels_call, _panels_emit),
-    "rows": LinearForm("rows_rotated", FORMS["rows"].usable, _rows_parts_rotated, _rows_call, _rows_emit,
-                       copies=FORMS["rows"].copies),
-    "rows_chain": LinearForm("rows_chain_rotated", FORMS["rows_chain"].usable, _rows_parts_rotated, _rows_chain_call,
-                             _rows_chain_emit, copies=FORMS["rows_chain"].copies),
 }
 
 

@@ -35,12 +35,6 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
 
-def pack_panels_misordered(weight: torch.Tensor) -> torch.Tensor:
-    """A deliberately wrong layout, for a negative control (fuelpipe.oracles.faulty): each panel's 16 columns stored in reverse order,
-    so the kernel's outputs come back permuted within every group of 16."""
-    return pack_panels(weight).flip(-1).contiguous()
-
-
 def unpack_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
     """The inverse of ``pack_panels``: panels [P, K, 16] -> weight [out_features, K]."""
     p, k, _ = panels.shape

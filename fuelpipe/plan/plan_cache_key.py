@@ -49,7 +49,7 @@ _RECIPE_MODULES = ("fuelpipe.plan.fx_passes", "fuelpipe.plan.split_gemv", "fuelp
 @dataclass(frozen=True)
 class PlanContentKey:
     graph: str
-    weights: str  # "" only when the spec keys without weights (a negative control)
+    weights: str
     inputs: str
     step_kind: str
     backend: str
@@ -124,15 +124,16 @@ def _signature(value: Any) -> Any:
     raise TypeError(f"plan cache: cannot key a step argument of type {type(value).__name__}")
 
 
-def recipe_source_digest(fx_passes: Iterable[str] = (), modules: Iterable[str] = _RECIPE_MODULES) -> str:
-    """The source of fuelpipe's plan-building modules and of the file defining each pass in ``fx_passes``."""
+def recipe_source_digest(fx_passes: Iterable = (), modules: Iterable[str] = _RECIPE_MODULES) -> str:
+    """The source of fuelpipe's plan-building modules and of the file defining each pass in ``fx_passes``
+    (registered names, or passes given by value)."""
     import importlib
 
-    from fuelpipe.plan.fx_passes import FX_PASSES
+    from fuelpipe.plan.fx_passes import fx_pass
 
     files = {Path(importlib.import_module(name).__file__) for name in modules}
-    for name in fx_passes:
-        source = inspect.getsourcefile(FX_PASSES.get(name).run)
+    for entry in fx_passes:
+        source = inspect.getsourcefile(fx_pass(entry).run)
         if source:
             files.add(Path(source))
     h = hashlib.sha256()
@@ -173,16 +174,18 @@ def cpu_capability() -> str:
         return platform.machine()
 
 
-def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str, fx_passes: tuple[str, ...],
-                key_weights: bool = True, recipe: Optional[str] = None) -> PlanContentKey:
+def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str, fx_passes: tuple,
+                recipe: Optional[str] = None) -> PlanContentKey:
     """The key of the plan ``gm`` (traced, no passes applied yet) would compile to for ``args``."""
+    from fuelpipe.plan.fx_passes import fx_pass
+
     return PlanContentKey(
         graph=graph_digest(gm),
-        weights=weights_digest(gm) if key_weights else "",
+        weights=weights_digest(gm),
         inputs=inputs_digest(args),
         step_kind=step_kind,
         backend=backend,
-        fx_passes=tuple(fx_passes),
+        fx_passes=tuple(fx_pass(p).name for p in fx_passes),
         recipe_source=recipe if recipe is not None else recipe_source_digest(fx_passes),
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
@@ -192,11 +195,9 @@ def content_key(gm: fx.GraphModule, args: tuple, *, step_kind: str, backend: str
     )
 
 
-def step_content_key(step: torch.nn.Module, args: tuple, *, step_kind: str, fx_passes: tuple[str, ...],
-                     key_weights: bool = True) -> PlanContentKey:
+def step_content_key(step: torch.nn.Module, args: tuple, *, step_kind: str, fx_passes: tuple) -> PlanContentKey:
     """The key a stored plan of ``step`` called with ``args`` is filed under (inductor and aot share the packages)."""
     from fuelpipe.plan.fx_trace import trace_leaves_unregistered
 
     raw = trace_leaves_unregistered(step)
-    return content_key(raw, args, step_kind=step_kind, backend="inductor", fx_passes=fx_passes,
-                       key_weights=key_weights)
+    return content_key(raw, args, step_kind=step_kind, backend="inductor", fx_passes=fx_passes)

@@ -28,9 +28,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from fuelpipe.errors import ConfigError, PlanError
+
+if TYPE_CHECKING:
+    from fuelpipe.plan.plan_cache_key import PlanContentKey
 
 LAYOUT = "v1"
 PAYLOAD = "plan.pt2"
@@ -45,8 +48,6 @@ class PlanCacheSpec:
 
     dir: Optional[str] = None
     max_gb: float = 8.0
-    # False keys entries without the weight digest (only a negative control sets it: fuelpipe.oracles.faulty).
-    key_weights: bool = True
     # A folder to copy a verified entry from on a miss, instead of compiling it (the plan_cache oracle's
     # private folder is seeded from the run's own); never written.
     seed: Optional[str] = None
@@ -54,6 +55,11 @@ class PlanCacheSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.max_gb, (int, float)) or isinstance(self.max_gb, bool) or not self.max_gb > 0:
             raise ConfigError(f"backend.plan_cache.max_gb must be a number > 0, got {self.max_gb!r}")
+
+    def filed_key(self, key: "PlanContentKey") -> "PlanContentKey":
+        """The key a plan is stored and looked up under, given its content key: all of it (a negative control
+        overrides this)."""
+        return key
 
     @property
     def enabled(self) -> bool:

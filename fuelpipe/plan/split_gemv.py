@@ -62,16 +62,6 @@ def split_weight(weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, bool]:
     return weight.view(parts, n // parts, k), False  # [P, N/P, K]
 
 
-def split_weight_interleaved(weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, bool]:
-    """A deliberately wrong form (for a negative control, fuelpipe.oracles.faulty): part p holds rows p, p + P, ... (strided), while
-    ``split_gemv`` assembles its parts as contiguous blocks, so the outputs come back permuted."""
-    n, k = weight.shape
-    strided = weight.view(n // parts, parts, k).transpose(0, 1)  # [P, N/P, K]: part p = rows p::P
-    if n >= WIDE_RATIO * k:
-        return strided.transpose(1, 2).contiguous(), True  # [P, K, N/P]
-    return strided.contiguous(), False
-
-
 def _split_gemv_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], cols: bool) -> torch.Tensor:
     lead = x.shape[:-1]
     k = x.shape[-1]

@@ -1,9 +1,13 @@
 """Faulty strategies: what each negative control installs in place of a correct one.
 
 Production code exposes seams (``fuelpipe.plan.policy.PlanPolicy``'s hooks, a
-``DecodeSession`` subclass, fx passes by name) and knows no fault. Here each
-``Fault`` is a ``PlanPolicy`` that breaks exactly one rule; ``policy_for(fault)``
-is what an oracle hands its context for the negative control. Faults that are
+``DecodeSession`` subclass, a step signature's view factory, fx passes given by
+value, the spec hooks ``BackendSpec.bound_weights`` and ``PlanCacheSpec.filed_key``)
+and knows no fault. Here each ``Fault`` is a ``PlanPolicy`` that breaks exactly
+one rule; ``policy_for(fault)`` is what an oracle hands its context for the
+negative control. The faulty mechanisms the policies install live beside them:
+``views`` (masked garbage), ``fx_passes`` (wrong passes and linear forms) and
+``specs`` (a plan cache blind to weights, misbound AOT weights). Faults that are
 not a plan policy (planted shared code, kernel inputs, quantized scales) stay
 with their oracles.
 """
@@ -15,14 +19,16 @@ from typing import Optional
 
 import torch
 
-from fuelpipe.faults import Fault
+from fuelpipe.oracles.faults import Fault
+from fuelpipe.oracles.faulty.fx_passes import passes_under
+from fuelpipe.oracles.faulty.specs import MisboundAot, PlanCacheIgnoringWeights, recast
+from fuelpipe.oracles.faulty.views import step_keeping_masked_garbage
 from fuelpipe.plan.backends import BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.session import DecodeSession
 from fuelpipe.plan.token_data import TokenHostData
 from fuelpipe.plan.validity import PlanKey
 from fuelpipe.plan.weights_identity import WeightsIdentity
-from fuelpipe.step import step_module_for
 
 IGNORED_WEIGHTS = WeightsIdentity((), (), (), ())  # what a key blind to the model's identity holds
 
@@ -73,7 +79,7 @@ class RebuildEveryToken(PlanPolicy):
 
 class UnsafeMaskedSlots(PlanPolicy):
     def step_module(self, backbone, signature):
-        return step_module_for(backbone, signature, keep_masked_garbage=True)
+        return step_keeping_masked_garbage(backbone, signature)
 
 
 class StaleRope(PlanPolicy):
@@ -102,24 +108,6 @@ class PackedPrefillCrossRows(PlanPolicy):
         return torch.zeros_like(segment)  # one segment: causal over the whole packed row
 
 
-# The faulty pass each fault swaps in for a correct one.
-FAULTY_PASSES = {
-    Fault.NAIVE_DCE: (("eliminate_dead_code_keeping_writes", "naive_eliminate_dead_code"),),
-    Fault.SPLIT_PARTS_INTERLEAVED: (
-        ("split_linears_across_threads", "split_linears_across_threads_interleaved"),
-        ("pack_linears_into_panels", "pack_linears_into_panels_misordered"),
-        ("run_linears_on_model_weights", "run_linears_on_model_weights_rotated"),
-        ("chain_linears_on_model_weights", "chain_linears_on_model_weights_rotated"),
-    ),
-}
-
-
-def passes_under(fault: Fault, passes: tuple[str, ...]) -> tuple[str, ...]:
-    """``passes`` with the fault's faulty pass in place of the correct one (unchanged for other faults)."""
-    swap = dict(FAULTY_PASSES.get(fault, ()))
-    return tuple(swap.get(p, p) for p in passes)
-
-
 class FaultyPasses(PlanPolicy):
     """Builds with the fault's faulty fx pass in place of the correct one."""
 
@@ -132,12 +120,12 @@ class FaultyPasses(PlanPolicy):
 
 class AotConstantsMisbound(PlanPolicy):
     def backend(self, spec: BackendSpec) -> BackendSpec:
-        return dataclasses.replace(spec, misbind_constants=True)
+        return recast(MisboundAot, spec)
 
 
 class PlanCacheIgnoresWeights(PlanPolicy):
     def backend(self, spec: BackendSpec) -> BackendSpec:
-        return dataclasses.replace(spec, plan_cache=dataclasses.replace(spec.plan_cache, key_weights=False))
+        return dataclasses.replace(spec, plan_cache=recast(PlanCacheIgnoringWeights, spec.plan_cache))
 
 
 POLICIES: dict[Fault, PlanPolicy] = {

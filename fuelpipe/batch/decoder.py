@@ -43,7 +43,6 @@ class BatchDecoder:
         self.plans: dict[int, HeldPlan] = {}  # bucket -> its held plan
         self.steps = 0
         self.rows_served = 0  # live rows over all steps (padding excluded)
-        self._last_rows: list = []  # per bucket row, the slot data of the last step (for policy.padding_rows)
 
     # ---- accounting ----------------------------------------------------------------------
     @property
@@ -112,10 +111,8 @@ class BatchDecoder:
         padded = rows + [None] * pad
         positions = torch.tensor([r.cached_len for r in rows] + [0] * pad, dtype=torch.int64)  # [B]
         seen = self.policy.batch_positions(positions)  # where each row's queries look from
-        stale = self.policy.padding_rows(self._last_rows, len(rows), bucket)
         cos, sin = self.ctx.rope_tables()  # [n_specs, P, rot]
-        where = self.kv.row_indices(padded, positions, stale)
-        self._last_rows = [None if r is None else self.kv.slot_of_row(r) for r in padded]
+        where = self.policy.row_data(self.kv, padded, positions, self.kv.row_indices(padded, positions))
         top = int(positions.max()) + 1
         return TokenHostData(
             token_ids=torch.tensor(ids + [0] * pad, dtype=torch.int64)[:, None],  # [B, 1]

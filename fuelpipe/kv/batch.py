@@ -191,18 +191,14 @@ class PagedBatch(PoolFacing):
         handle.free()
         handle.released = True
 
-    def row_indices(self, rows: Sequence, positions: torch.Tensor, stale: Optional[dict] = None) -> dict:
+    def row_indices(self, rows: Sequence, positions: torch.Tensor) -> dict:
         """Flattened write offsets [B] and the stacked block tables [B, max_blocks_cap]."""
         bs = self.pool.block_size
         table = torch.full((len(rows), self.max_blocks_cap), NULL_BLOCK, dtype=torch.int64)
         write = []
         for i, row in enumerate(rows):
             if row is None:
-                if stale and i in stale:  # negative control: the row keeps a finished sequence's table
-                    table[i] = stale[i]
-                    write.append(int(stale[i][int(positions[i]) // bs]) * bs + int(positions[i]) % bs)
-                else:
-                    write.append(NULL_BLOCK * bs)
+                write.append(NULL_BLOCK * bs)
                 continue
             table[i] = row.block_table()[0]
             p = int(positions[i])

@@ -107,15 +107,12 @@ class SlotBatchCache(Allocation):
             return None
         return self._bound[per * layer + which]
 
-    def row_indices(self, rows: Sequence, positions: torch.Tensor, stale: Optional[dict] = None) -> dict:
+    def row_indices(self, rows: Sequence, positions: torch.Tensor) -> dict:
         """Per-row data of one step: the slot each row owns and the position it writes ([B], [B, 1]).
 
         ``rows`` holds one handle per bucket row, None for padding (null slot, position 0).
-        ``stale`` (negative control only) maps padding rows to slots they must not use.
         """
         slots = [NULL_SLOT if r is None else r.slot for r in rows]
-        if stale:
-            slots = [stale.get(i, s) if r is None else s for i, (r, s) in enumerate(zip(rows, slots))]
         return {"slot_ids": torch.tensor(slots, dtype=torch.int64), "write_index": positions[:, None].clone()}
 
     def slot_of_row(self, handle) -> int:

@@ -55,9 +55,10 @@ class PlanPolicy:
         """[B] the position each batch row's queries look from (RoPE rows and mask): its own."""
         return positions
 
-    def padding_rows(self, last_rows: list, live: int, bucket: int) -> Optional[dict]:
-        """Slot data for a bucket's padding rows (row index -> the slot of the step before); None: fresh padding."""
-        return None
+    def row_data(self, kv, rows: list, positions: torch.Tensor, where: dict) -> dict:
+        """A batch step's per-row KV data (``kv.row_indices``: slots or block tables, write offsets) as the
+        step uses it; ``rows`` holds None for a padding row. As the cache gave it."""
+        return where
 
     def bucket_key(self, rows: list) -> tuple:
         """Extra fields for a batch plan's key beyond the bucket's geometry: none (joins and leaves rebind)."""

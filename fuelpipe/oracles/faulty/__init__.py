@@ -14,6 +14,7 @@ with their oracles.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import replace
 from typing import Optional
 
@@ -93,9 +94,24 @@ class SharedBatchPosition(PlanPolicy):
 
 
 class StalePaddingRow(PlanPolicy):
-    def padding_rows(self, last_rows: list, live: int, bucket: int) -> Optional[dict]:
-        # a padding row keeps the slot of the sequence that last sat in that row
-        return {i: last_rows[i] for i in range(live, min(bucket, len(last_rows))) if last_rows[i] is not None}
+    """A padding row keeps the slot (or block table) of the sequence that last sat in that bucket row."""
+
+    def __init__(self) -> None:
+        self._last: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # batch cache -> last rows' data
+
+    def row_data(self, kv, rows: list, positions: torch.Tensor, where: dict) -> dict:
+        last = self._last.get(kv, [])
+        for i, row in enumerate(rows):
+            if row is not None or i >= len(last) or last[i] is None:
+                continue
+            if "block_table" in where:  # a paged row: the old table, and the write offset it gives
+                bs, p = kv.pool.block_size, int(positions[i])
+                where["block_table"][i] = last[i]
+                where["write_index"][i] = int(last[i][p // bs]) * bs + p % bs
+            else:
+                where["slot_ids"][i] = last[i]
+        self._last[kv] = [None if r is None else kv.slot_of_row(r) for r in rows]
+        return where
 
 
 class RebuildOnJoin(PlanPolicy):

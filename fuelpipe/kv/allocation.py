@@ -1,4 +1,5 @@
-"""What every KV allocation shows a plan about itself: its never-recycled id and where it provably lives."""
+"""What every KV allocation shows a plan about itself (its never-recycled id and where it provably lives), and the
+position bookkeeping of caches whose buffers are allocated up front."""
 from __future__ import annotations
 
 from typing import Optional
@@ -28,3 +29,19 @@ class Allocation:
         A sequence whose storage outlives it (a block pool's) answers with a new sequence instead."""
         self.clear()
         return self
+
+
+class UpFrontPositions:
+    """Mixin of the caches whose buffers hold every position from the start (contiguous, latent, ring):
+    growing is only a check against ``check_room`` (each cache's, naming it) and a count."""
+
+    cached_len: int
+
+    def reserve(self, end: int) -> None:
+        """Check that positions [0, end) fit; raise, changing nothing, if not."""
+        self.check_room(0, end)
+
+    def advance(self, n: int) -> None:
+        """Record that ``n`` more positions were written by a step."""
+        self.check_room(self.cached_len, n)
+        self.cached_len += n

@@ -13,17 +13,17 @@ from __future__ import annotations
 import torch
 
 from fuelpipe.kv import slot_attention as _attention
-from fuelpipe.kv.views import _Visible
+from fuelpipe.kv.views import CleansMaskedSlots
 
 
-def _write_rows(buf: torch.Tensor, slot_ids: torch.Tensor, write_pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def write_rows(buf: torch.Tensor, slot_ids: torch.Tensor, write_pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """buf [N, Hkv, S, D] <- x [B, Hkv, T, D] at (slot_ids[b], h, write_pos[b, t]); returns buf."""
     heads = torch.arange(x.shape[1], device=x.device)  # [Hkv]
     index = (slot_ids[:, None, None], heads[None, :, None], write_pos[:, None, :])  # broadcast to [B, Hkv, T]
     return buf.index_put_(index, x)
 
 
-class SlotKv(_Visible):
+class SlotKv(CleansMaskedSlots):
     """Tensor-offset path: every row attends its slot's whole capacity under its mask row."""
 
     def __init__(self, k_buf, v_buf, write_pos, slot_ids) -> None:
@@ -35,8 +35,8 @@ class SlotKv(_Visible):
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         """k, v: [B, Hkv, T, D]; mask [B, 1, T, S]. Returns (K, V [B, Hkv, S, D], mask)."""
-        keys = self._read(_write_rows(self.k_buf, self.slot_ids, self.write_pos, k))
-        values = self._read(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v))
+        keys = self._read(write_rows(self.k_buf, self.slot_ids, self.write_pos, k))
+        values = self._read(write_rows(self.v_buf, self.slot_ids, self.write_pos, v))
         return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
     def _attended(self, written: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,8 +48,8 @@ class SlotKv(_Visible):
 
         One traced call (``fuelpipe.kv.slot_attention``) over the written buffers, which a pass may
         hand to the C++ kernel."""
-        k_buf, cut = self._attended(_write_rows(self.k_buf, self.slot_ids, self.write_pos, k), mask)
-        v_buf, _ = self._attended(_write_rows(self.v_buf, self.slot_ids, self.write_pos, v), mask)
+        k_buf, cut = self._attended(write_rows(self.k_buf, self.slot_ids, self.write_pos, k), mask)
+        v_buf, _ = self._attended(write_rows(self.v_buf, self.slot_ids, self.write_pos, v), mask)
         return _attention.slot_attention(q, k_buf, v_buf, self.slot_ids, cut, scale)
 
 
@@ -70,7 +70,7 @@ class SlotPrefixKv(SlotKv):
         return written.narrow(2, 0, self.attended_len), mask.narrow(-1, 0, self.attended_len)
 
 
-class LatentSlotKv(_Visible):
+class LatentSlotKv(CleansMaskedSlots):
     """Latent (MLA) slots of a batch: slot 0 the latent [N, S, r], slot 1 the RoPE key [N, S, rope]."""
 
     def __init__(self, latent_buf, rope_key_buf, write_pos, slot_ids) -> None:

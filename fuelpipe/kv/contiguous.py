@@ -19,7 +19,7 @@ from fuelpipe.errors import (
     KvNoCapacityError,
 )
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation
+from fuelpipe.kv.allocation import Allocation, UpFrontPositions
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 K, V = 0, 1
@@ -37,7 +37,7 @@ class KvLayer:
         return (self.k, self.v)[which]
 
 
-class ContiguousKvCache(Allocation):
+class ContiguousKvCache(UpFrontPositions, Allocation):
     """One request's KV allocation for every layer of one model."""
 
     kv_layout = "contiguous"  # fuelpipe.kv.contiguous_layout
@@ -149,15 +149,6 @@ class ContiguousKvCache(Allocation):
                 f"truncate_to: new_len must be <= cached_len {self.cached_len} (truncate only rewinds), got {new_len}"
             )
         self.cached_len = new_len
-
-    def reserve(self, end: int) -> None:
-        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
-        self.check_room(0, end)
-
-    def advance(self, n: int) -> None:
-        """Record that ``n`` more positions were written by a step."""
-        self.check_room(self.cached_len, n)
-        self.cached_len += n
 
     # ---- what a plan reads ----------------------------------------------------------------
     @property

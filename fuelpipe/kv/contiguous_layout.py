@@ -72,14 +72,14 @@ class ContiguousLayout(KvLayout):
         check_heads(model, cache)
 
     def new_cache(self, ctx, spec, max_seq_len: int, dtype=None) -> ContiguousKvCache:
-        super().check_cache(ctx.model, None)
+        self.check_serves(ctx.model)
         d = ctx.model.dims
         return ContiguousKvCache.with_capacity(d.n_layers, d.n_kv_heads, d.head_dim,
                                                ctx.check_positions("new_cache", max_seq_len), dtype or ctx.dtype,
                                                ctx.device)
 
     def new_batch(self, ctx, spec, max_batch: int, max_seq_len: int, dtype=None) -> BatchKvCache:
-        super().check_cache(ctx.model, None)
+        self.check_serves(ctx.model)
         d = ctx.model.dims
         return BatchKvCache(d.n_layers, d.n_kv_heads, d.head_dim, max_batch,
                             ctx.check_positions("new_batch_cache", max_seq_len), dtype or ctx.dtype, ctx.device)

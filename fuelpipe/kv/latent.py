@@ -14,11 +14,11 @@ import torch
 
 from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation
+from fuelpipe.kv.allocation import Allocation, UpFrontPositions
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 
-class LatentKvCache(Allocation):
+class LatentKvCache(UpFrontPositions, Allocation):
     kv_layout = "latent"  # fuelpipe.kv.latent_layout
     batched = False
 
@@ -111,14 +111,6 @@ class LatentKvCache(Allocation):
             raise KvCapacityError(
                 f"LatentKvCache: positions [{start}, {start + n}) exceed max_seq_len {self.max_seq_len}"
             )
-
-    def reserve(self, end: int) -> None:
-        """Check that positions [0, end) fit (the buffers are allocated up front); raise, changing nothing, if not."""
-        self.check_room(0, end)
-
-    def advance(self, n: int) -> None:
-        self.check_room(self.cached_len, n)
-        self.cached_len += n
 
     def bump_all_versions(self) -> None:
         for row in self.versions:

@@ -49,12 +49,12 @@ class LatentLayout(KvLayout):
                               f"cache with slots {cache.slot_trailing}")
 
     def new_cache(self, ctx, spec, max_seq_len: int, dtype=None) -> LatentKvCache:
-        super().check_cache(ctx.model, None)
+        self.check_serves(ctx.model)
         return LatentKvCache(ctx.model.dims.n_layers, ctx.model.latent_slots,
                              ctx.check_positions("new_cache", max_seq_len), dtype or ctx.dtype, ctx.device)
 
     def new_batch(self, ctx, spec, max_batch: int, max_seq_len: int, dtype=None) -> BatchLatentCache:
-        super().check_cache(ctx.model, None)
+        self.check_serves(ctx.model)
         return BatchLatentCache(ctx.model.dims.n_layers, ctx.model.latent_slots, max_batch,
                                 ctx.check_positions("new_batch_cache", max_seq_len), dtype or ctx.dtype, ctx.device)
 

@@ -5,7 +5,7 @@ added to this package) are the ``KV_LAYOUT`` objects of the modules of
 ``fuelpipe.kv``; an installed package adds one through the ``fuelpipe.kv_layouts``
 entry-point group, a notebook through ``register_layout``. A layout answers:
 
-* ``serves(model)``: why it cannot serve a model (empty: it can);
+* ``serves(model)``: why it cannot serve a model (empty: it can); ``check_serves`` refuses on it;
 * ``check_cache(model, cache)``: refuse, typed, a cache of its kind built for another geometry;
 * ``new_cache`` / ``new_batch``: one sequence's cache, or a batch cache of several;
 * ``signature(offset_mode, batched=, packed=)``: the ``StepSignature`` of the step that decodes from
@@ -84,11 +84,16 @@ class KvLayout:
         """Why this layout cannot serve ``model`` (empty: it can)."""
         return []
 
-    def check_cache(self, model, cache) -> None:
-        """Refuse (``ConfigError``) a cache of this layout that ``model`` cannot decode from."""
+    def check_serves(self, model) -> None:
+        """Refuse (``ConfigError``, naming every reason) a ``model`` this layout cannot serve."""
         reasons = self.serves(model)
         if reasons:
-            raise ConfigError("; ".join(reasons))
+            family = getattr(model, "family", type(model).__name__)
+            raise ConfigError(f"kv={self.name} cannot serve {family}: " + "; ".join(reasons))
+
+    def check_cache(self, model, cache) -> None:
+        """Refuse (``ConfigError``) a cache of this layout that ``model`` cannot decode from."""
+        self.check_serves(model)
 
     def new_cache(self, ctx, spec, max_seq_len: int):
         raise NotImplementedError

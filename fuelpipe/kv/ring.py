@@ -30,16 +30,16 @@ import torch
 
 from fuelpipe.errors import ConfigError, KvCacheError, KvCapacityError
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation
+from fuelpipe.kv.allocation import Allocation, UpFrontPositions
 from fuelpipe.kv.layout import KvLayout, StepSignature
 from fuelpipe.kv.sizes import check_dtype, check_size
 from fuelpipe.kv.batch_slots import NULL_SLOT, SlotAllocator, SlotBatchCache
-from fuelpipe.kv.batch_views import SlotKv, _write_rows
+from fuelpipe.kv.batch_views import SlotKv, write_rows
 from fuelpipe.kv.packed_views import PackedSlotKv
-from fuelpipe.kv.views import TensorOffsetKv, _Visible
+from fuelpipe.kv.views import CleansMaskedSlots, TensorOffsetKv
 
 
-class RingKv(_Visible):
+class RingKv(CleansMaskedSlots):
     """A windowed layer's rings ``[N, Hkv, W, D]``: row b is ring ``slot_ids[b]`` (one sequence: N = 1, no
     slot ids) and writes positions ``write_pos[b] [T]``."""
 
@@ -56,7 +56,7 @@ class RingKv(_Visible):
         if self.slot_ids is None:
             rings.index_copy_(2, into[0], x)
         else:
-            _write_rows(rings, self.slot_ids, into, x)
+            write_rows(rings, self.slot_ids, into, x)
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
         """k, v [B, Hkv, T, D] -> (K, V [B, Hkv, W + T, D], mask [B, 1, T, W + T]); ``mask`` (full width) unused."""
@@ -156,7 +156,7 @@ class _RingGeometry:
         return tuple(self.max_seq_len if w is None else w for w in self.windows)
 
 
-class RingKvCache(_RingGeometry, Allocation):
+class RingKvCache(_RingGeometry, UpFrontPositions, Allocation):
     """One sequence: a ring of ``window`` slots per windowed layer, ``max_seq_len`` slots per full one."""
 
     batched = False
@@ -181,13 +181,6 @@ class RingKvCache(_RingGeometry, Allocation):
     def check_room(self, start: int, n: int) -> None:
         if start < 0 or n < 0 or start + n > self.max_seq_len:
             raise KvCapacityError(f"RingKvCache: positions [{start}, {start + n}) exceed max_seq_len {self.max_seq_len}")
-
-    def reserve(self, end: int) -> None:
-        self.check_room(0, end)
-
-    def advance(self, n: int) -> None:
-        self.check_room(self.cached_len, n)
-        self.cached_len += n
 
     @property
     def rewind_floor(self) -> int:
@@ -356,14 +349,14 @@ class RingLayout(KvLayout):
             raise ConfigError(f"ring cache windows {cache.windows} are not the model's {_windows(model)}")
 
     def new_cache(self, ctx, spec, max_seq_len: int, dtype=None) -> RingKvCache:
-        super().check_cache(ctx.model, None)  # what it serves
+        self.check_serves(ctx.model)  # what it serves
         d = ctx.model.dims
         return RingKvCache(d.n_kv_heads, d.head_dim, _windows(ctx.model), ctx.check_positions("new_cache", max_seq_len),
                            dtype or ctx.dtype, ctx.device)
 
 
     def new_batch(self, ctx, spec, max_batch: int, max_seq_len: int, dtype=None) -> BatchRingCache:
-        super().check_cache(ctx.model, None)  # what it serves
+        self.check_serves(ctx.model)  # what it serves
         d = ctx.model.dims
         return BatchRingCache(d.n_kv_heads, d.head_dim, _windows(ctx.model), max_batch,
                               ctx.check_positions("new_batch_cache", max_seq_len), dtype or ctx.dtype, ctx.device)

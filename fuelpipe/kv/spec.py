@@ -30,9 +30,7 @@ class KvSpec:
 
     def _check_serves(self, ctx) -> KvLayout:
         layout = self.strategy
-        reasons = layout.serves(ctx.model)
-        if reasons:
-            raise ConfigError(f"kv={self.layout} cannot serve {ctx.model.family}: " + "; ".join(reasons))
+        layout.check_serves(ctx.model)
         return layout
 
     def new_cache(self, ctx, max_seq_len: int):

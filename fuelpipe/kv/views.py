@@ -29,7 +29,7 @@ from fuelpipe.kv import slot_attention as _attention  # called through the modul
 from fuelpipe.masks import live_slots_as, without_masked_slots
 
 
-class _Visible:
+class CleansMaskedSlots:
     """Mixin: the masked-slot cleaning every view applies to what it returns."""
 
     # Shared by every view of one step call (set by the step module): the live-slot vector of a
@@ -47,7 +47,7 @@ class _Visible:
         return torch.where(memo[key][1], x, 0.0)
 
 
-class _AttendsInPlace(_Visible):
+class _AttendsInPlace(CleansMaskedSlots):
     """Mixin of the one-sequence contiguous views: ``_written`` writes k, v and returns the written buffers
     [1, Hkv, S', D] and mask [1, 1, T, S'] attention reads; ``attend`` attends them in one traced call."""
 
@@ -98,7 +98,7 @@ class SymbolOffsetKv(_AttendsInPlace):
         return keys, values, mask.narrow(-1, 0, self.attended_len)
 
 
-class PagedKv(_Visible):
+class PagedKv(CleansMaskedSlots):
     """Paged pool view: write at flattened offsets, read the sequence's blocks through its table.
 
     k_pool, v_pool: [NB, bs, Hkv, D]; write_index [B*T] = physical_block * bs + slot (row-major);
@@ -151,7 +151,7 @@ class PagedPrefixKv(PagedKv):
         return self._visible(keys, mask, 2), self._visible(values, mask, 2), mask
 
 
-class LatentKv(_Visible):
+class LatentKv(CleansMaskedSlots):
     """Latent (MLA) view: slot 0 the normalised KV latent [S, r], slot 1 the RoPE key [S, rope].
 
     Offsets ride the tensor path; the read is the in-place write's result (DCE-safe).

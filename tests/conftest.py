@@ -16,7 +16,7 @@ from fuelpipe.config import conf_dir
 from fuelpipe.config.preflight import VERSION_BASE
 from fuelpipe.context import InferenceContext
 from models.registry import build_random_model
-import _global_state
+from _support import _global_state
 
 # Plans persist in a private folder for the session, never in the user's ~/.cache/fuelpipe (CLI runs
 # in subprocesses inherit it).

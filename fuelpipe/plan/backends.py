@@ -176,7 +176,7 @@ class BackendEntry:
     ahead_of_time: bool = False
     # Its decode step computes the same bits at any thread count, so generation may adapt the count to
     # the machine's load (fuelpipe.threads) without changing a token. The built-in traced backends run
-    # fuelpipe's kernels, which split work by output column only (tests/test_threads.py checks every
+    # fuelpipe's kernels, which split work by output column only (tests/core/test_threads.py checks every
     # family); eager's torch linears may differ in the last bit, so eager keeps its count fixed.
     thread_invariant: bool = False
     # With ``backend.plan_cache.dir=auto`` (the default) its plans persist in the user's cache folder

@@ -17,7 +17,7 @@ Q5_K     176    as Q4_K, plus qh[32] (bit k of byte l = 5th bit of sub-block k, 
 Q6_K     210    ql[128] | qh[64] | scales i8[16] (one per 16 elements) | d f16; x = d*s*(q-32)
 =======  =====  ========================================================================
 
-The loader uses these kernels; ``tests/test_weights_dequant.py`` checks each
+The loader uses these kernels; ``tests/weights/test_weights_dequant.py`` checks each
 against ``gguf.quants.dequantize`` on random blocks.
 """
 from __future__ import annotations

@@ -24,16 +24,11 @@ class Allocation:
     def device_location(self) -> Optional[torch.device]:
         return self._device_location
 
-    def recycle(self):
-        """Ready for the next request: ``clear()`` (fresh storage, so a new alloc_id), and this cache serves it.
-        A sequence whose storage outlives it (a block pool's) answers with a new sequence instead."""
-        self.clear()
-        return self
 
-
-class UpFrontPositions:
-    """Mixin of the caches whose buffers hold every position from the start (contiguous, latent, ring):
-    growing is only a check against ``check_room`` (each cache's, naming it) and a count."""
+class UpFrontSequence:
+    """Mixin of the one-sequence caches whose buffers hold every position from the start (contiguous,
+    latent, ring): growing is only a check against ``check_room`` (each cache's, naming it) and a count,
+    and the next request gets this cache, cleared."""
 
     cached_len: int
 
@@ -45,3 +40,9 @@ class UpFrontPositions:
         """Record that ``n`` more positions were written by a step."""
         self.check_room(self.cached_len, n)
         self.cached_len += n
+
+    def recycle(self):
+        """Ready for the next request: ``clear()`` (fresh storage, so a new alloc_id), and this cache serves it.
+        (A paged sequence, whose storage is its pool's, answers with a new sequence on the pool instead.)"""
+        self.clear()
+        return self

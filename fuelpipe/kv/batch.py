@@ -1,7 +1,7 @@
 """Batched KV: one allocation serving many sequences, one row per sequence in a batched step.
 
-Three strategies, one protocol (``batch_slots.SlotBatchCache``: what ``fuelpipe.batch`` and the held
-plans read; ``PagedBatch`` answers it over a block pool):
+Three strategies, one protocol (what ``fuelpipe.batch`` and the held plans read): the two slot caches
+build on ``batch_slots.SlotBatchCache``; ``PagedBatch`` has the same methods (duck-typed) over a block pool:
 
 * ``BatchKvCache``: the batch-slot contiguous buffer. Per layer K and V are
   ``[n_slots + 1, n_kv_heads, max_seq_len, head_dim]``; slot 0 is the null

@@ -19,7 +19,7 @@ from fuelpipe.errors import (
     KvNoCapacityError,
 )
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation, UpFrontPositions
+from fuelpipe.kv.allocation import Allocation, UpFrontSequence
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 K, V = 0, 1
@@ -37,7 +37,7 @@ class KvLayer:
         return (self.k, self.v)[which]
 
 
-class ContiguousKvCache(UpFrontPositions, Allocation):
+class ContiguousKvCache(UpFrontSequence, Allocation):
     """One request's KV allocation for every layer of one model."""
 
     kv_layout = "contiguous"  # fuelpipe.kv.contiguous_layout

@@ -14,11 +14,11 @@ import torch
 
 from fuelpipe.errors import KvCacheError, KvCapacityError, KvLayerError
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation, UpFrontPositions
+from fuelpipe.kv.allocation import Allocation, UpFrontSequence
 from fuelpipe.kv.sizes import check_dtype, check_size
 
 
-class LatentKvCache(UpFrontPositions, Allocation):
+class LatentKvCache(UpFrontSequence, Allocation):
     kv_layout = "latent"  # fuelpipe.kv.latent_layout
     batched = False
 

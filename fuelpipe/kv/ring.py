@@ -30,7 +30,7 @@ import torch
 
 from fuelpipe.errors import ConfigError, KvCacheError, KvCapacityError
 from fuelpipe.identity import KvAllocId
-from fuelpipe.kv.allocation import Allocation, UpFrontPositions
+from fuelpipe.kv.allocation import Allocation, UpFrontSequence
 from fuelpipe.kv.layout import KvLayout, StepSignature
 from fuelpipe.kv.sizes import check_dtype, check_size
 from fuelpipe.kv.batch_slots import NULL_SLOT, SlotAllocator, SlotBatchCache
@@ -156,7 +156,7 @@ class _RingGeometry:
         return tuple(self.max_seq_len if w is None else w for w in self.windows)
 
 
-class RingKvCache(_RingGeometry, UpFrontPositions, Allocation):
+class RingKvCache(_RingGeometry, UpFrontSequence, Allocation):
     """One sequence: a ring of ``window`` slots per windowed layer, ``max_seq_len`` slots per full one."""
 
     batched = False

@@ -187,7 +187,12 @@ def _scenarios(inp: OracleInput, setup: Setup, kind: str, prompt, other, n: int,
     reuse_name = "recycle()"  # done with a request: the cache (or sequence) that serves the next
     old_id = cache.alloc_id
     old, cache = cache, cache.recycle()
-    rebinds = int(cache.alloc_id != old_id)  # plan_once rebinds exactly when the allocation changed
+    # The cache itself serves the next request on fresh storage (a new allocation: one rebind); a successor
+    # (a pool's new sequence) shares the allocation the plan is welded to (reused as is).
+    rebinds = int(cache is old)
+    checks.add(f"{tag} recycle() gives a new allocation exactly when it hands back the same cache",
+               (cache.alloc_id != old_id) == (cache is old),
+               f"same cache: {cache is old}, allocation {old_id} -> {cache.alloc_id}")
     check_structure(cache, reuse_name, [old] if old is not cache else [])
     got = held_rows(cache, prompt, a[:j] + b[:m])
     checks.rows(f"{tag} {reuse_name} and reuse equals a fresh run", want_alt, got)

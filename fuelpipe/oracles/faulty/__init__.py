@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -144,25 +144,27 @@ class PlanCacheIgnoresWeights(PlanPolicy):
         return dataclasses.replace(spec, plan_cache=recast(PlanCacheIgnoringWeights, spec.plan_cache))
 
 
-POLICIES: dict[Fault, PlanPolicy] = {
-    Fault.STALE_OFFSET: StaleOffset(),
-    Fault.PARTIAL_REBIND: PartialRebind(),
-    Fault.IGNORE_MODEL_IDENTITY: IgnoreModelIdentity(),
-    Fault.IGNORE_ALLOCATION: IgnoreAllocation(),
-    Fault.REBUILD_EVERY_TOKEN: RebuildEveryToken(),
-    Fault.UNSAFE_MASKED_SLOTS: UnsafeMaskedSlots(),
-    Fault.STALE_ROPE: StaleRope(),
-    Fault.SHARED_BATCH_POSITION: SharedBatchPosition(),
-    Fault.STALE_PADDING_ROW: StalePaddingRow(),
-    Fault.REBUILD_ON_JOIN: RebuildOnJoin(),
-    Fault.PACKED_PREFILL_CROSS_ROWS: PackedPrefillCrossRows(),
-    Fault.NAIVE_DCE: FaultyPasses(Fault.NAIVE_DCE),
-    Fault.SPLIT_PARTS_INTERLEAVED: FaultyPasses(Fault.SPLIT_PARTS_INTERLEAVED),
-    Fault.AOT_CONSTANTS_MISBOUND: AotConstantsMisbound(),
-    Fault.PLAN_CACHE_IGNORES_WEIGHTS: PlanCacheIgnoresWeights(),
+# Factories, so every context gets its own policy (StalePaddingRow remembers rows per batch cache).
+POLICIES: dict[Fault, Callable[[], PlanPolicy]] = {
+    Fault.STALE_OFFSET: StaleOffset,
+    Fault.PARTIAL_REBIND: PartialRebind,
+    Fault.IGNORE_MODEL_IDENTITY: IgnoreModelIdentity,
+    Fault.IGNORE_ALLOCATION: IgnoreAllocation,
+    Fault.REBUILD_EVERY_TOKEN: RebuildEveryToken,
+    Fault.UNSAFE_MASKED_SLOTS: UnsafeMaskedSlots,
+    Fault.STALE_ROPE: StaleRope,
+    Fault.SHARED_BATCH_POSITION: SharedBatchPosition,
+    Fault.STALE_PADDING_ROW: StalePaddingRow,
+    Fault.REBUILD_ON_JOIN: RebuildOnJoin,
+    Fault.PACKED_PREFILL_CROSS_ROWS: PackedPrefillCrossRows,
+    Fault.NAIVE_DCE: lambda: FaultyPasses(Fault.NAIVE_DCE),
+    Fault.SPLIT_PARTS_INTERLEAVED: lambda: FaultyPasses(Fault.SPLIT_PARTS_INTERLEAVED),
+    Fault.AOT_CONSTANTS_MISBOUND: AotConstantsMisbound,
+    Fault.PLAN_CACHE_IGNORES_WEIGHTS: PlanCacheIgnoresWeights,
 }
 
 
 def policy_for(fault: Fault) -> PlanPolicy:
-    """The plan policy that injects ``fault`` (the correct one for a fault that is not a plan policy)."""
-    return POLICIES.get(fault, DEFAULT_POLICY)
+    """A new plan policy that injects ``fault`` (the correct one for a fault that is not a plan policy)."""
+    make = POLICIES.get(fault)
+    return make() if make is not None else DEFAULT_POLICY

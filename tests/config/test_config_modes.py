@@ -1,4 +1,5 @@
-"""plan.offset_mode and plan.cache_policy are defined once (fuelpipe.modes): the schema types its fields
+"""plan.mode, plan.offset_mode, plan.cache_policy, weights.dtype and weights.activations are defined once
+(fuelpipe.modes): the schema types its fields
 with those enums and the runtime accepts exactly their values, so the two cannot drift apart."""
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import typing
 import pytest
 
 from fuelpipe.backbone import OFFSET_MODES
-from fuelpipe.config.schema import PlanConfig
+from fuelpipe.config.schema import PlanConfig, WeightsConfig
 from fuelpipe.errors import ConfigError
-from fuelpipe.modes import CachePolicy, OffsetMode, values
+from fuelpipe.modes import RUNNABLE_PLAN_MODES, ActivationForm, CachePolicy, OffsetMode, PlanMode, QuantKind, values
+from fuelpipe.quant import formats
 from fuelpipe.plan.backends import CACHE_POLICIES, BackendSpec
 
 
@@ -17,6 +19,18 @@ def test_schema_types_the_plan_fields_with_the_shared_enums():
     hints = typing.get_type_hints(PlanConfig)
     assert hints["cache_policy"] is CachePolicy
     assert hints["offset_mode"] == typing.Optional[OffsetMode]
+    assert hints["mode"] is PlanMode
+    weights = typing.get_type_hints(WeightsConfig)
+    assert weights["dtype"] == typing.Optional[QuantKind] and weights["activations"] is ActivationForm
+    assert formats.QuantKind is QuantKind and formats.ActivationForm is ActivationForm  # one class, not a twin
+
+
+def test_the_driver_runs_replan_and_plan_once_and_refuses_captured_typed():
+    assert [PlanMode.parse(m.value) for m in RUNNABLE_PLAN_MODES] == [PlanMode.replan, PlanMode.plan_once]
+    with pytest.raises(ConfigError, match=r"plan mode must be one of \['replan', 'plan_once'\].*got 'captured'"):
+        PlanMode.parse("captured")
+    with pytest.raises(ConfigError, match="got 'plan-once'"):
+        PlanMode.parse("plan-once")
 
 
 def test_runtime_tuples_are_the_enums_values():

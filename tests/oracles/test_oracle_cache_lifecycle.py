@@ -35,7 +35,7 @@ def test_passes_on_fx_and_catches_a_stale_rope(compose_cfg, family, kv):
     healthy = _run(compose_cfg, family, kv, "backend=fx")
     assert healthy.passed, healthy.detail
     paths = 1 if kv == "latent" else 2
-    per_path = 11 if kv == "paged" else 10  # a paged cache adds its block table / pool audit
+    per_path = 12 if kv == "paged" else 11  # a paged cache adds its block table / pool audit
     assert healthy.metric["checks"] == per_path * paths and healthy.metric["max_abs_error"] == 0.0
     ran = healthy.detail.split("step path(s) ", 1)[1].split(";")[0].split(", ")
     assert sorted(ran) == {"contiguous": ["symbol", "tensor"], "paged": ["paged", "paged_symbol"],
@@ -85,6 +85,19 @@ def test_a_mask_that_lets_the_stale_tail_through_is_caught(compose_cfg, monkeypa
     assert not result.passed
     failed = result.detail.split("failed: ", 1)[1]
     assert "[tensor] truncate_to" in failed and "first pass equals" not in failed and "[symbol]" not in failed, failed
+
+
+def test_a_recycle_that_keeps_the_allocation_is_caught(compose_cfg, monkeypatch):
+    """recycle() hands back the same cache but keeps its storage and id (a reset, not a new allocation):
+    every logit stays right, so only the allocation check and the rebind accounting can see it."""
+    from fuelpipe.kv.contiguous import ContiguousKvCache
+
+    monkeypatch.setattr(ContiguousKvCache, "recycle", lambda self: (self.reset(), self)[1])
+    result = _run(compose_cfg, "llama", "contiguous", "backend=fx")
+    assert not result.passed
+    failed = result.detail.split("failed: ", 1)[1]
+    assert "recycle() gives a new allocation exactly when it hands back the same cache" in failed, failed
+    assert "plan accounting after recycle()" in failed, failed
 
 
 def test_a_free_that_leaves_stale_block_ids_is_caught(compose_cfg, monkeypatch):

@@ -41,6 +41,9 @@ class PeersConfig:
     # Each quantized row again on each of these kernel vector paths (fuelpipe.kernels.build), side by side in
     # one run; empty: the path the kernels take by themselves. A path this CPU lacks is reported, not run.
     vector_paths: List[str] = field(default_factory=list)
+    # Each f32 fuelpipe row again with the f32 rows kernel's software prefetch forced to each of these distances
+    # in bytes (0: none), side by side in one run; empty: the distance measured at load (path_choice).
+    f32_prefetch: List[int] = field(default_factory=list)
     record_dir: Optional[str] = None  # also write peers.md / peers.png here (a study folder under experiments/)
 
 
@@ -67,6 +70,9 @@ def validate(p) -> list[str]:
         for v in values:
             if v not in allowed:
                 reasons.append(did_you_mean(f"experiment.peers.{key} entry", v, allowed))
+    for v in p.f32_prefetch:
+        if not 0 <= v <= 65536:
+            reasons.append(f"experiment.peers.f32_prefetch entries must be in [0, 65536] bytes, got {v}")
     for key in ("prompt_tokens", "new_tokens", "reps"):
         if p[key] < 1:
             reasons.append(f"experiment.peers.{key} must be >= 1, got {p[key]}")
@@ -97,7 +103,8 @@ def check_loaded(p, asm) -> list[str]:
 
 
 def progress_steps(p) -> int:
-    return (len(p.backends) * len(p.plans) * len(p.kv_layouts) + len(p.transformers) + 2 * p.llama_cpp) * (1 + p.reps)
+    fuelpipe_rows = len(p.backends) * len(p.plans) * len(p.kv_layouts) * (1 + len(p.f32_prefetch))
+    return (fuelpipe_rows + len(p.transformers) + 2 * p.llama_cpp) * (1 + p.reps)
 
 
 def run(p, cfg, asm, output_dirs: list[Path]) -> dict:

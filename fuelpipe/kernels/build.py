@@ -246,6 +246,33 @@ def forced_vector_path(name: str):
         _set(before)
 
 
+def set_f32_prefetch(nbytes: int) -> int:
+    """Sets the f32 rows kernel's software prefetch distance (0: none), process-wide; returns the one before.
+    Benchmarks use it to time the kernel with and without; a load applies the measured distance."""
+    load()
+    try:
+        return int(torch.ops.fuelpipe_kernels.set_f32_prefetch(int(nbytes)))
+    except RuntimeError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def f32_prefetch_bytes() -> int:
+    """The f32 rows kernel's prefetch distance now (measured at load, unless set)."""
+    before = set_f32_prefetch(0)
+    set_f32_prefetch(before)
+    return before
+
+
+@contextmanager
+def forced_f32_prefetch(nbytes: int):
+    """Runs the block with the f32 rows kernel's prefetch distance at ``nbytes``, then restores it."""
+    before = set_f32_prefetch(nbytes)
+    try:
+        yield nbytes
+    finally:
+        set_f32_prefetch(before)
+
+
 def _choose_paths(folder: Path) -> None:
     """The measured path of each multi-path kernel (``path_choice``), then a path forced by the environment."""
     from fuelpipe.kernels import path_choice

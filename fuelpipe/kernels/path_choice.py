@@ -1,4 +1,4 @@
-"""Which vector path a kernel with several above AVX2 takes: the one measured fastest on this CPU.
+"""Choices the kernels make by measurement on this CPU: vector paths, and the f32 kernel's prefetch distance.
 
 A wider path is not always faster: on a 2-core Xeon with AVX-512 and AMX the 16-bit-activation int8 product
 ran 1.32x faster on avx512 than on avx2 at one thread, and the 4-bit one 0.89x (experiments/vector_paths_cpu).
@@ -6,6 +6,12 @@ So each such kernel (``MEASURED``) is timed on every path this CPU runs, once pe
 eight distinct decoder layers of SmolLM2-135M's shapes (weights streamed from beyond the L2 cache, as in
 decode) at one thread; the choice is stored beside the built library (``path_choice.json``, written atomically) and applied
 at every load. A forced path (``$FUELPIPE_KERNEL_PATH``, ``forced_vector_path``) overrides it.
+
+The f32 rows kernel (``f32_rows.cpp``) asks for each weight stream's lines a fixed distance ahead. Whether that
+pays, and how far, depends on the CPU's prefetchers and memory, so ``PREFETCH_BYTES`` are timed the same way
+(interleaved, one thread) on ``PREFETCH_LAYERS`` f32 layers, more than most last-level caches hold, and the
+fastest is stored beside the paths (``f32_prefetch_bytes``). It is measured on every CPU with AVX2, paths
+above it or not. A prefetch never changes a result, only when a line arrives.
 """
 from __future__ import annotations
 
@@ -22,23 +28,63 @@ MEASURED = ("q8_gemv_a16", "q4_gemv_a16")
 LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (out, in): fused q/k/v, o, fused gate/up, down
 LAYERS = 8  # distinct layers: 26 MB of int8 codes, beyond any L2
 ROUNDS = 5
+PREFETCH_BYTES = (0, 1024, 2048, 4096)  # candidate distances; 0: no software prefetch
+PREFETCH_LAYERS = 12  # f32 layers of LAYER's shapes: 170 MB, beyond the L3 of most machines
 FILE = "path_choice.json"
 log = logging.getLogger(__name__)
 
 
 def apply(folder: Path) -> dict[str, str]:
-    """Loads (or measures and stores) the choice for this build folder and hands it to the kernels."""
+    """Loads (or measures and stores) the choices for this build folder and hands them to the kernels.
+
+    Returns each measured kernel's path (empty where the CPU has nothing above avx2 to choose between)."""
     ops = torch.ops.fuelpipe_kernels
-    paths = [p for p in ops.vector_paths() if p not in ("scalar", "avx2")]
-    if not paths:  # nothing above avx2: every kernel takes the chosen path
+    runnable = list(ops.vector_paths())
+    if "avx2" not in runnable:  # the scalar path alone: no path to choose, no prefetch in it
         return {}
-    choice = _read(folder / FILE, ops.vector_paths())
+    paths = [p for p in runnable if p not in ("scalar", "avx2")]
+    choice = _read(folder / FILE, runnable, bool(paths))
     if choice is None:
-        choice = measure(["avx2", *paths])
+        choice = measure(["avx2", *paths]) if paths else {"best": {}, "ms_per_layer": {}}
+        choice.update(measure_prefetch())
         _write(folder / FILE, choice)
-    for kernel in MEASURED:
-        ops.set_measured_path(kernel, choice["best"][kernel])
+    for kernel, path in choice["best"].items():
+        ops.set_measured_path(kernel, path)
+    ops.set_f32_prefetch(int(choice["f32_prefetch_bytes"]))
     return dict(choice["best"])
+
+
+def measure_prefetch() -> dict:
+    """{"f32_prefetch_bytes": the fastest distance, "f32_prefetch_ms_per_layer": distance -> median ms}."""
+    ops = torch.ops.fuelpipe_kernels
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    before = ops.set_f32_prefetch(0)
+    try:
+        # Weights of ones: the kernel's speed does not depend on the values, and filling is fast.
+        layers = [[torch.ones(n, k) for n, k in LAYER] for _ in range(PREFETCH_LAYERS)]
+        xs = [torch.ones(1, k) for _, k in LAYER]
+
+        def layer() -> None:
+            for ws in layers:
+                for w, x in zip(ws, xs):
+                    ops.f32_rows_linear(x, [w], None)
+
+        times: dict[int, list[float]] = {b: [] for b in PREFETCH_BYTES}
+        for _ in range(ROUNDS):
+            for ahead in PREFETCH_BYTES:
+                ops.set_f32_prefetch(ahead)
+                layer()
+                start = time.perf_counter()
+                layer()
+                times[ahead].append((time.perf_counter() - start) * 1000.0 / PREFETCH_LAYERS)
+    finally:
+        ops.set_f32_prefetch(before)
+        torch.set_num_threads(before_threads)
+    ms = {b: statistics.median(t) for b, t in times.items()}
+    best = min(ms, key=ms.get)
+    log.info("f32 prefetch distance measured: %d bytes (%s)", best, ms)
+    return {"f32_prefetch_bytes": best, "f32_prefetch_ms_per_layer": {str(b): round(v, 4) for b, v in ms.items()}}
 
 
 def measure(paths: list[str]) -> dict:
@@ -94,14 +140,15 @@ def _random_packed(kind, n: int, k: int, gen: torch.Generator):
     return PackedWeight(kind, q, scales, (-0.08 * torch.rand(n, k // 32, generator=gen)).half())
 
 
-def _read(file: Path, runnable: list[str]):
+def _read(file: Path, runnable: list[str], has_paths: bool):
     try:
         doc = json.loads(file.read_text())
-        if set(doc["best"]) == set(MEASURED) and all(p in runnable for p in doc["best"].values()):
+        paths_ok = set(doc["best"]) == (set(MEASURED) if has_paths else set())
+        if paths_ok and all(p in runnable for p in doc["best"].values()) and doc["f32_prefetch_bytes"] in PREFETCH_BYTES:
             return doc
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    return None  # absent or damaged: measured again
+    return None  # absent, damaged or from before a choice was added: measured again
 
 
 def _write(file: Path, doc: dict) -> None:

@@ -14,6 +14,7 @@ from fuelpipe.bench.peers.floor import Bandwidth, decode_floor, kv_bytes_read, w
 from fuelpipe.bench.peers.run import SystemRecord, add_ratios, compare, summarize
 from fuelpipe.bench.peers.systems import FuelpipeSystem, PeerSystem
 from fuelpipe.bench.peers.trace import RunTrace, TokenClock
+from fuelpipe.kernels import path_choice
 from models.registry import build_random_model
 
 BW = Bandwidth(10.0, "fixed", 1.0, 1)
@@ -155,12 +156,15 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
         "experiment.peers.reps=1", "experiment.peers.backends=[eager,fx]", "experiment.peers.kv_layouts=[contiguous,paged]",
         "experiment.peers.replan_new_tokens={eager: 4, fx: 3}", f"experiment.peers.record_dir={rec}",
         "experiment.peers.quantized_backends=[fx]", "experiment.peers.quantized=[int8,int4,int8:f32]",
-        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+        "experiment.peers.f32_prefetch=[0]", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     rows = {r["system"]: r for r in doc["peers"]["rows"]}
-    assert len([r for r in rows.values() if r["group"] == "fuelpipe" and r["status"] == "ok"]) == 8 + 3
+    assert len([r for r in rows.values() if r["group"] == "fuelpipe" and r["status"] == "ok"]) == 2 * 8 + 3
+    forced = rows["fuelpipe fx plan_once contiguous prefetch=0"]  # the f32 row again, software prefetch off
+    assert forced["f32_prefetch_bytes"] == 0 and forced["ms_per_token"] > 0
+    assert rows["fuelpipe fx plan_once contiguous"]["f32_prefetch_bytes"] in path_choice.PREFETCH_BYTES
     # the quantized rows: same prompt, their own weights column (16-bit activations unless an entry says f32)
     for kind in ("int8/g32/a16", "int4/g32/a16", "int8/g32"):
         row = rows[f"fuelpipe fx plan_once contiguous {kind}"]
@@ -187,6 +191,7 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
     [
         ("experiment.peers.backends=[fxx]", "unknown experiment.peers.backends entry 'fxx'; did you mean 'fx'?"),
         ("experiment.peers.new_tokens=2", "experiment.peers.new_tokens must be >= 3"),
+        ("experiment.peers.f32_prefetch=[0,-64]", "experiment.peers.f32_prefetch entries must be in [0, 65536] bytes, got -64"),
         ("experiment.peers.prompt_tokens=99", "experiment.peers.prompt_tokens=99 but the first prompt holds only 8"),
         ("experiment.peers.new_tokens=5000 experiment.peers.prompt_tokens=8",
          "experiment.peers.prompt_tokens + new_tokens = 5008 exceeds the model's max_position_embeddings"),

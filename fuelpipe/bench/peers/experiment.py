@@ -54,6 +54,10 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
                 cap = p.replan_new_tokens.get(backend) if plan == "replan" else None
                 spec = dataclasses.replace(asm.setup.backend, name=backend)  # the configured passes and cache policy
                 systems.append(FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap))
+                for ahead in p.f32_prefetch:  # the same row with the f32 kernel's prefetch forced
+                    s = FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap, f32_prefetch=ahead)
+                    s.name += f" prefetch={ahead}"
+                    systems.append(s)
     systems += quantized_systems(cfg, asm)
     path = checkpoint_gguf(cfg.model)
     threads = torch.get_num_threads()

@@ -47,13 +47,22 @@ def _kernel_path(path: Optional[str]):
     return forced_vector_path(path)
 
 
+def _prefetch(nbytes: Optional[int]):
+    if nbytes is None:
+        return contextlib.nullcontext()
+    from fuelpipe.kernels.build import forced_f32_prefetch
+
+    return forced_f32_prefetch(nbytes)
+
+
 class FuelpipeSystem(PeerSystem):
     group = "fuelpipe"
 
     def __init__(self, model, backend: BackendSpec, plan: str, kv: KvSpec, max_new_tokens: Optional[int] = None,
-                 vector_path: Optional[str] = None) -> None:
+                 vector_path: Optional[str] = None, f32_prefetch: Optional[int] = None) -> None:
         self.model, self.backend, self.plan, self.kv = model, backend, plan, kv
         self.vector_path = vector_path  # the kernels' path forced while this row runs (None: their own choice)
+        self.f32_prefetch = f32_prefetch  # the f32 kernel's prefetch bytes forced while it runs (None: measured)
         self.name = f"fuelpipe {backend.name} {plan} {kv.layout}"
         self.max_new_tokens = max_new_tokens
         self.ctx = InferenceContext(model, backend, PlanMode.parse(plan))
@@ -61,7 +70,7 @@ class FuelpipeSystem(PeerSystem):
     def run(self, prompt: list[int], new_tokens: int) -> RunTrace:
         clock = TokenClock()
         cache = self.kv.new_cache(self.ctx, len(prompt) + new_tokens - 1)  # a new allocation per request
-        with _kernel_path(self.vector_path):
+        with _kernel_path(self.vector_path), _prefetch(self.f32_prefetch):
             clock.start()
             self.ctx.generate(prompt, new_tokens, cache=cache, on_token=clock.token)
         return clock.trace()
@@ -75,7 +84,17 @@ class FuelpipeSystem(PeerSystem):
             "plan_build_ms": 1000.0 * s.build_s / max(1, s.builds),
             "plan_nodes": None if session is None else session.node_count,
             "fx_passes": list(self.backend.fx_passes) if self.backend.name != "eager" else [],
+            "f32_prefetch_bytes": self.f32_prefetch if self.f32_prefetch is not None else _measured_prefetch(),
         }
+
+
+def _measured_prefetch() -> Optional[int]:
+    from fuelpipe.kernels.build import KernelBuildError, f32_prefetch_bytes
+
+    try:
+        return f32_prefetch_bytes()
+    except KernelBuildError:  # no compiler here: the f32 rows ran on torch's own linears
+        return None
 
 
 class TransformersSystem(PeerSystem):

@@ -113,3 +113,31 @@ def test_set_rope_plan_may_change_frequencies_only(tiny_llama):
     with pytest.raises(ConfigError, match="frequencies and scaling only"):
         ctx.set_rope_plan(two_specs)
     ctx.set_rope_plan(RopePlan.uniform(RopeSpec(5e5, d), n))  # allowed
+
+
+def test_greedy_picks_the_first_of_equal_maxima_as_torch_argmax_on_every_dtype_and_layout():
+    from fuelpipe.sampling import greedy
+
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(1, 49152, generator=gen) for _ in range(20)]
+    tied = torch.zeros(1, 9)
+    tied[0, [2, 5, 7]] = 3.0  # three equal maxima: the first wins
+    rows += [tied, torch.full((1, 4), -1.0), torch.tensor([[-0.0, 0.0, -1.0]]), torch.tensor([[0.0, -0.0]]),
+             torch.tensor([[-6.0e4, 2.0, 2.0]])]
+    wide = torch.randn(3, 64, generator=gen).t()  # a non-contiguous row
+    rows += [wide[:1], wide[5:6]]
+    for row in rows:
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            r = row.to(dtype)
+            assert greedy(r) == int(torch.argmax(r[0])), (dtype, r)
+    assert greedy(tied) == 2
+
+
+def test_a_row_whose_finite_values_overflow_the_sum_is_not_refused():
+    from fuelpipe.sampling import check_finite, greedy
+
+    row = torch.full((1, 8), 3e38)
+    row[0, 6] = 3.1e38
+    assert not torch.isfinite(row.sum())  # the fast check's sum overflows; the exact check clears the row
+    check_finite(row[0])
+    assert greedy(row) == 6

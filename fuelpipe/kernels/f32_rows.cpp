@@ -14,6 +14,11 @@
 // Loop order: a thread takes a run of output rows; for each tile of R weight rows (R x K floats, in L1)
 // it passes every tile of MR rows of x, so each weight byte comes from memory once per call whatever M is.
 //
+// AVX-512 (several rows of x): two rows of x share one 512-bit register, row 2p in the low eight lanes and row
+// 2p + 1 in the high eight, against a weight vector broadcast to both halves. Each half is exactly the
+// AVX2 path's eight-lane chain for its row, so the bits are the same, at twice the multiply-adds per
+// instruction. x is packed in pairs once per call for it (x_pairs: per pair, K8 / 8 blocks of 16 floats).
+//
 // Software prefetch: each weight stream is asked for `prefetch_bytes` ahead of where it reads (one request
 // per 64-byte line, running on into the stream's next row). The hardware prefetchers restart at every 4 KiB
 // page and every call; requests ahead keep more lines in flight through those gaps. The distance is chosen by
@@ -56,12 +61,25 @@ inline float tree_sum(const float* l) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-// One output: the lanes' sum, the tail chained on, the bias added.
-inline float finish(const float* lanes, const float* w, const float* x, int64_t k8, int64_t K, const float* bias) {
-  float s = tree_sum(lanes);
+// One output from its lanes' sum: the tail chained on, the bias added.
+inline float finish_sum(float s, const float* w, const float* x, int64_t k8, int64_t K, const float* bias) {
   for (int64_t k = k8; k < K; ++k) s = std::fma(w[k], x[k], s);
   return bias ? s + *bias : s;
 }
+
+inline float finish(const float* lanes, const float* w, const float* x, int64_t k8, int64_t K, const float* bias) {
+  return finish_sum(tree_sum(lanes), w, x, k8, K, bias);
+}
+
+#ifdef FUELPIPE_HAS_AVX2
+// The same tree in registers: halves added (l0+l4, l1+l5, l2+l6, l3+l7), then lanes two apart
+// ((l0+l4)+(l2+l6), (l1+l5)+(l3+l7)), then those two: tree_sum's additions, operand for operand.
+inline float tree_sum_avx2(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+#endif
 
 // The portable path: the same lanes, one at a time.
 void dot_scalar(const float* w, const float* x, int64_t K, float* out, const float* bias) {
@@ -110,19 +128,34 @@ void rows_tile_avx2(const float* const* w, const float* x, int64_t K, float* out
       }
     }
   }
-  alignas(32) float lanes[kLanes];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) {
-      _mm256_store_ps(lanes, acc[r][m]);
-      out[m * ldo + col[r]] = finish(lanes, w[r], x + m * K, k8, K, bias ? bias + col[r] : nullptr);
-    }
+    for (int m = 0; m < MR; ++m)
+      out[m * ldo + col[r]] = finish_sum(tree_sum_avx2(acc[r][m]), w[r], x + m * K, k8, K, bias ? bias + col[r] : nullptr);
 }
 #endif
 
+#include "f32_rows_avx512.h"  // pairs_tile_avx512: two rows of x per 512-bit register
+
 // R weight rows against all M rows of x, MR rows at a time (MR = 3: a tile of 2 or 1 rows for the rest).
 template <int R, int MR>
-void rows_against_x(const float* const* w, const float* x, int64_t M, int64_t K, float* out, int64_t ldo,
-                    const int64_t* col, const float* bias) {
+void rows_against_x(const float* const* w, const float* x, const float* x_pairs, int64_t M, int64_t K, float* out,
+                    int64_t ldo, const int64_t* col, const float* bias) {
+#ifdef FUELPIPE_HAS_AVX512
+  if (x_pairs != nullptr) {  // packed only where the avx512 path runs and M >= 2
+    const int64_t k8 = K / kLanes * kLanes, pairs = M / 2;
+    int64_t p = 0;
+    for (; p + 4 <= pairs; p += 4)
+      pairs_tile_avx512<R, 4>(w, x_pairs + p * k8 * 2, x + 2 * p * K, K, out + 2 * p * ldo, ldo, col, bias);
+    switch (pairs - p) {
+      case 3: pairs_tile_avx512<R, 3>(w, x_pairs + p * k8 * 2, x + 2 * p * K, K, out + 2 * p * ldo, ldo, col, bias); break;
+      case 2: pairs_tile_avx512<R, 2>(w, x_pairs + p * k8 * 2, x + 2 * p * K, K, out + 2 * p * ldo, ldo, col, bias); break;
+      case 1: pairs_tile_avx512<R, 1>(w, x_pairs + p * k8 * 2, x + 2 * p * K, K, out + 2 * p * ldo, ldo, col, bias); break;
+      default: break;
+    }
+    if (M % 2) rows_tile_avx2<R, 1>(w, x + (M - 1) * K, K, out + (M - 1) * ldo, ldo, col, bias);  // the odd row
+    return;
+  }
+#endif
 #ifdef FUELPIPE_HAS_AVX2
   if (fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
     int64_t m = 0;
@@ -154,8 +187,8 @@ struct Rows {
 // the hardware prefetchers serve much better than one (measured, SmolLM2 shapes, AMD EPYC, one row of x:
 // one stream 40-51 ms for a token's linears on 1 thread, four streams 35, panel-packed weights 34).
 constexpr int kStreams = 4;
-void rows_block(const Rows& rows, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t K, float* out,
-                const float* bias) {
+void rows_block(const Rows& rows, int64_t n0, int64_t n1, const float* x, const float* x_pairs, int64_t M, int64_t K,
+                float* out, const float* bias) {
   const int64_t N = rows.first.back();
   const int64_t per = (n1 - n0) / kStreams;
   const float* w[kStreams];
@@ -165,13 +198,13 @@ void rows_block(const Rows& rows, int64_t n0, int64_t n1, const float* x, int64_
       col[s] = n0 + s * per + i;
       w[s] = rows.row(col[s]);
     }
-    if (M == 1) rows_against_x<kStreams, 1>(w, x, M, K, out, N, col, bias);
-    else rows_against_x<kStreams, 3>(w, x, M, K, out, N, col, bias);
+    if (M == 1) rows_against_x<kStreams, 1>(w, x, nullptr, M, K, out, N, col, bias);
+    else rows_against_x<kStreams, 3>(w, x, x_pairs, M, K, out, N, col, bias);
   }
   for (int64_t n = n0 + kStreams * per; n < n1; ++n) {  // the few rows left over
     const float* w1[1] = {rows.row(n)};
     const int64_t c1[1] = {n};
-    rows_against_x<1, 1>(w1, x, M, K, out, N, c1, bias);
+    rows_against_x<1, 1>(w1, x, x_pairs, M, K, out, N, c1, bias);
   }
 }
 
@@ -291,6 +324,16 @@ int64_t checked_rows(const char* op, const at::Tensor& x_in, at::TensorList weig
   return N;
 }
 
+// x's rows packed in pairs for the avx512 path: pair p, block j (k = 8j .. 8j + 7) holds row 2p's eight floats
+// then row 2p + 1's, [pairs, K8 / 8, 16]. Undefined where that path does not run (M < 2, K < 8, below avx512).
+at::Tensor x_pairs(const at::Tensor& x, int64_t M, int64_t K) {
+  const int64_t k8 = K / kLanes * kLanes;
+  if (M < 2 || k8 == 0 || !fuelpipe_isa::at_least(fuelpipe_isa::Path::avx512)) return at::Tensor();
+  const int64_t pairs = M / 2;
+  return x.view({M, K}).narrow(0, 0, 2 * pairs).narrow(1, 0, k8).reshape({pairs, 2, k8 / kLanes, kLanes})
+      .transpose(1, 2).contiguous();  // [pairs, K8 / 8, 2, 8]
+}
+
 at::Tensor rows_product(const char* op, bool chain, const at::Tensor& x_in, at::TensorList weights,
                         const c10::optional<at::Tensor>& bias) {
   Rows rows;
@@ -309,7 +352,9 @@ at::Tensor rows_product(const char* op, bool chain, const at::Tensor& x_in, at::
   const int64_t grain = std::max<int64_t>(1, (64 * 1024) / (K * 4));
   if (!chain) {
     const float* xp = x.data_ptr<float>();
-    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { rows_block(rows, n0, n1, xp, M, K, op_out, bp); });
+    at::Tensor pairs = x_pairs(x, M, K);
+    const float* pp = pairs.defined() ? pairs.data_ptr<float>() : nullptr;
+    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { rows_block(rows, n0, n1, xp, pp, M, K, op_out, bp); });
     return out;
   }
   const int64_t ld8 = (M + 7) / 8 * 8;

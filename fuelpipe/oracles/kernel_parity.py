@@ -73,14 +73,15 @@ F32_K = (1, 7, 9, 33)  # below and across every 8- and 16-wide vector step
 # (rows M, outputs N, bias): decode (the fused M == 1 paths), a batch, and more rows than one tile holds, times
 # output counts off every unroll and parallel grain; each with and without a bias somewhere.
 SHAPES = ((1, 1, False), (1, 17, True), (3, 3, True), (3, 17, False))
-F32_SHAPES = SHAPES + ((7, 17, True),)
+F32_SHAPES = SHAPES + ((7, 17, True), (8, 17, False))  # M = 8: the avx512 f32 tile's four row pairs
 TIE_STEP = 2.0 ** -10  # ties block: max|x| = 32767 * 2^-10, so the step is exactly 2^-10
 BLOCK_KINDS = ("normal", "spike", "ties", "zero", "negative_max")
 # The vector paths each kernel has (fuelpipe/kernels/vector_path.h); every one the CPU runs is checked.
 _A16_PATHS = ("scalar", "avx2", "avx_vnni", "avx512")
 _BASE_PATHS = ("scalar", "avx2")
+_F32_ROWS_PATHS = ("scalar", "avx2", "avx512")  # avx512: two rows of x per register (several rows only)
 PATHS_OF_KERNEL = {"q8_gemv": _BASE_PATHS, "q4_gemv": _BASE_PATHS, "q8_gemv_a16": _A16_PATHS, "q4_gemv_a16": _A16_PATHS,
-                   "bf16_gemv": _BASE_PATHS, "f32_panel_linear": _BASE_PATHS, "f32_rows_linear": _BASE_PATHS,
+                   "bf16_gemv": _BASE_PATHS, "f32_panel_linear": _BASE_PATHS, "f32_rows_linear": _F32_ROWS_PATHS,
                    "f32_rows_chain_linear": _BASE_PATHS, "slot_attention": _BASE_PATHS}
 
 
@@ -270,26 +271,31 @@ def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
 
 
 def _f32_cases(grid: _Grid, ops, ks: list[int]) -> None:
-    """bf16 weights, row-major f32 (one part, fused parts, a column block of a wider matrix) and panels."""
-    if not {"bf16_gemv", "f32_panel_linear", "f32_rows_linear", "f32_rows_chain_linear"} <= grid.kernels:
+    """bf16 weights, row-major f32 (one part, fused parts, a column block of a wider matrix) and panels; each
+    kernel only on the paths it has (``grid.kernels``)."""
+    has = grid.kernels & {"bf16_gemv", "f32_panel_linear", "f32_rows_linear", "f32_rows_chain_linear"}
+    if not has:
         return
     for k, (m, n, with_bias) in itertools.product(ks, F32_SHAPES):
         label = f"K={k} N={n} M={m} bias={with_bias}"
         x = grid.randn(m, k)
         bias = grid.bias(n, with_bias)
         w = grid.randn(n, k).to(torch.bfloat16)
-        grid.tally.check("bf16_gemv", label, ops.bf16_gemv(grid.feed(x), w, bias),
-                         _linear_reference, x, w, w.double().abs(), bias, k)
+        if "bf16_gemv" in has:
+            grid.tally.check("bf16_gemv", label, ops.bf16_gemv(grid.feed(x), w, bias),
+                             _linear_reference, x, w, w.double().abs(), bias, k)
         w = grid.randn(n, k)
-        grid.tally.check("f32_panel_linear", label, ops.f32_panel_linear(grid.feed(x), pack_panels(w), n, bias),
-                         _linear_reference, x, w, w.double().abs(), bias, k)
+        if "f32_panel_linear" in has:
+            grid.tally.check("f32_panel_linear", label, ops.f32_panel_linear(grid.feed(x), pack_panels(w), n, bias),
+                             _linear_reference, x, w, w.double().abs(), bias, k)
         wide = grid.randn(n + 5, k + 3)  # parts: [n, k] block of a wider matrix, then two fused siblings
         parts = [wide[:n, :k], grid.randn(3, k), grid.randn(2, k)]
         whole = torch.cat(parts)
         fused_bias = grid.bias(n + 5, with_bias)
         for op in ("f32_rows_linear", "f32_rows_chain_linear"):
-            grid.tally.check(op, label, getattr(ops, op)(grid.feed(x), parts, fused_bias),
-                             _linear_reference, x, whole, whole.double().abs(), fused_bias, k)
+            if op in has:
+                grid.tally.check(op, label, getattr(ops, op)(grid.feed(x), parts, fused_bias),
+                                 _linear_reference, x, whole, whole.double().abs(), fused_bias, k)
 
 
 def _model_in_features(model) -> set[int]:

@@ -49,6 +49,13 @@ BUGS = {
         "    if (b + 1 < nb) a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_block_512(",
         ("weights.dtype=int8",),
     ),
+    # The f32 AVX-512 tile for several rows of x writes each pair's two rows crossed (its halves swapped).
+    "f32_row_pair_crossed_avx512": (
+        f"{KERNELS}/f32_rows_avx512.h",
+        "        const int64_t m = 2 * p + h;",
+        "        const int64_t m = 2 * p + 1 - h;",
+        (),
+    ),
     # A row's last slot is never read, so only a row filled to its capacity sees it.
     "last_slot_unread": (
         f"{KERNELS}/slot_attention.cpp",

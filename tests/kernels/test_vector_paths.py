@@ -156,7 +156,7 @@ def test_avx_vnni_gives_the_avx2_bits(kind):
 
 
 @pytest.mark.parametrize("k", [1, 7, 9, 33, 576])
-@pytest.mark.parametrize("m", [1, 3, 7])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16])  # avx512 pairs rows of x: even, odd, 4 pairs and beyond
 def test_the_f32_kernels_give_the_same_bits_on_every_path(k, m):
     """f32_rows (8 lanes in a fixed tree) and f32_panels (one chain over k) state their summation order; each
     path follows it, so the scalar path's bits are the vector paths' bits."""

@@ -1,12 +1,11 @@
 """Per decode token of SmolLM2-135M (aot, f32, plan_once): OpenMP parallel regions (fork/joins), the cost
-of an empty one, and the share of the step inside the f32 linears.
+of an empty one, and the step split into its f32 linears and the rest.
 
     python experiments/f32_prefetch_cpu/regions.py THREADS
 
 It compiles ``omp_count.c`` (a counter in front of libgomp's ``GOMP_parallel``) with the system's C
-compiler and runs itself again with it preloaded. The share inside the linears comes from
-torch.profiler over 32 steps (each event's own time; the profiler's bookkeeping makes the rest an upper
-bound).
+compiler and runs itself again with it preloaded. The time inside the linears is the kernel's own clock
+(``f32_rows_clock_ns``: wall time inside ``f32_rows_linear``) diffed around 64 timed steps, no profiler.
 """
 import ctypes
 import os
@@ -31,7 +30,6 @@ def preloaded() -> None:
 
 def main(threads: int) -> None:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import fuelpipe
 
@@ -56,23 +54,22 @@ def main(threads: int) -> None:
         empty.append((time.perf_counter() - t) / 20000 * 1e6)
     from fuelpipe.sampling import greedy
 
-    cache = ctx.new_cache(len(prompt) + 40)
+    cache = ctx.new_cache(len(prompt) + 80)
     token = greedy(ctx.prefill(cache, prompt))
     for _ in range(4):  # the held plan rebound to this cache, warm
         token = greedy(ctx.decode(cache, token))
-    steps = []
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(32):
-            t = time.perf_counter()
-            token = greedy(ctx.decode(cache, token))
-            steps.append((time.perf_counter() - t) * 1e3)
-    linear = [e for e in prof.events() if e.name == "fuelpipe_kernels::f32_rows_linear"]
-    per_step_linear = sum(e.self_cpu_time_total for e in linear) / 1e3 / 32
-    assert len(linear) == 32 * 121, len(linear)  # 30 layers x (q/k/v, o, gate/up, down) + the head
+    clock = torch.ops.fuelpipe_kernels.f32_rows_clock_ns
+    steps, inside = [], []
+    for _ in range(64):
+        c, t = clock(), time.perf_counter()
+        token = greedy(ctx.decode(cache, token))
+        steps.append((time.perf_counter() - t) * 1e3)
+        inside.append((clock() - c) / 1e6)
+    step_ms, linear_ms = statistics.median(steps), statistics.median(inside)
+    outside = statistics.median([s - i for s, i in zip(steps, inside)])
     print(f"threads={threads}: {per_token:.1f} OpenMP regions per decode token; an empty region {statistics.median(empty):.2f} us "
-          f"(so {per_token * statistics.median(empty) / 1e3:.3f} ms of fork/join per token); under the profiler a step "
-          f"{statistics.median(steps):.2f} ms, of it {per_step_linear:.2f} ms inside the f32 linears "
-          f"({statistics.median(steps) - per_step_linear:.2f} ms outside)")
+          f"(so {per_token * statistics.median(empty) / 1e3:.3f} ms of fork/join per token); a step {step_ms:.2f} ms "
+          f"(median of 64), {linear_ms:.2f} ms inside the f32 linears, {outside:.2f} ms outside them")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -46,6 +47,9 @@ namespace {
 constexpr int kLanes = 8;
 
 std::atomic<int64_t> prefetch_bytes{0};  // set from fuelpipe.kernels.path_choice (set_f32_prefetch)
+// Wall nanoseconds spent inside f32_rows_linear since the library loaded (f32_rows_clock_ns): a study of a
+// decode step diffs it around the steps to split the step into its linears and the rest, no profiler.
+std::atomic<int64_t> rows_clock_ns{0};
 
 // One prefetch per cache line: called at every k step of 8 floats, it asks on every second one.
 template <int R>
@@ -208,88 +212,7 @@ void rows_block(const Rows& rows, int64_t n0, int64_t n1, const float* x, const 
   }
 }
 
-// ---- the prompt recipe: one sequential chain per output, x packed k-major per call ----------------------
-//
-// For many rows of x (a prompt) the lane recipe re-reads x for every few weight rows. This recipe packs x
-// once per call into xt [K, M8] (k-major, rows padded with zeros to a multiple of 8) and computes each
-// output as one sequential multiply-add chain over k:
-//     y[m, n] = fma(w[n, K-1], x[m, K-1], ... fma(w[n, 1], x[m, 1], w[n, 0] * x[m, 0]))  (+ bias[n])
-// (the panel kernel's chain), broadcasting one weight at a time against 8 or 16 rows of x. A plan picks one
-// recipe when it is built, so within a plan a row's result still does not depend on M or on the threads.
-
-constexpr int kNr = 6;  // weight rows per tile: 12 accumulators + 2 x vectors + 1 broadcast
-
-inline void store_cols(const float* acc, int64_t count, float* out, int64_t ldo, float bias) {
-  for (int64_t j = 0; j < count; ++j) out[j * ldo] = acc[j] + bias;  // acc[j] is row m0 + j of column n
-}
-
-// NR weight rows (w[r], any addresses) against 8 * V packed rows of x starting at xt (row stride ld8).
-template <int NR, int V>
-void chain_tile(const float* const* w, const float* xt, int64_t ld8, int64_t K, float* out, int64_t ldo,
-                const int64_t* col, int64_t mcount, const float* bias) {
-#ifdef FUELPIPE_HAS_AVX2
-  if (fuelpipe_isa::at_least(fuelpipe_isa::Path::avx2)) {
-    __m256 acc[NR][V];
-    for (int v = 0; v < V; ++v) {
-      const __m256 xv = _mm256_loadu_ps(xt + 8 * v);
-      for (int r = 0; r < NR; ++r) acc[r][v] = _mm256_mul_ps(_mm256_broadcast_ss(w[r]), xv);
-    }
-    for (int64_t k = 1; k < K; ++k) {
-      __m256 xv[V];
-      for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * ld8 + 8 * v);
-      for (int r = 0; r < NR; ++r) {
-        const __m256 wb = _mm256_broadcast_ss(w[r] + k);
-        for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
-      }
-    }
-    // All accumulators out first, with no control flow among them: GCC keeps an array of vectors in
-    // registers only when nothing indexes it conditionally (else it stores every one every k, ~2x slower).
-    alignas(32) float lanes[NR][V][8];
-    for (int r = 0; r < NR; ++r)
-      for (int v = 0; v < V; ++v) _mm256_store_ps(lanes[r][v], acc[r][v]);
-    for (int r = 0; r < NR; ++r)
-      for (int v = 0; v < V; ++v) {
-        const int64_t count = std::min<int64_t>(8, mcount - 8 * v);
-        if (count > 0) store_cols(lanes[r][v], count, out + 8 * v * ldo + col[r], ldo, bias ? bias[col[r]] : 0.0f);
-      }
-    return;
-  }
-#endif
-  for (int r = 0; r < NR; ++r)
-    for (int64_t j = 0; j < std::min<int64_t>(8 * V, mcount); ++j) {
-      float s = w[r][0] * xt[j];
-      for (int64_t k = 1; k < K; ++k) s = std::fma(w[r][k], xt[k * ld8 + j], s);
-      out[j * ldo + col[r]] = bias ? s + bias[col[r]] : s;
-    }
-}
-
-template <int NR>
-void chain_rows(const float* const* w, const float* xt, int64_t M, int64_t ld8, int64_t K, float* out, int64_t ldo,
-                const int64_t* col, const float* bias) {
-  int64_t m = 0;
-  for (; m + 16 <= ld8; m += 16) chain_tile<NR, 2>(w, xt + m, ld8, K, out + m * ldo, ldo, col, M - m, bias);
-  if (m < ld8) chain_tile<NR, 1>(w, xt + m, ld8, K, out + m * ldo, ldo, col, M - m, bias);
-}
-
-void chain_block(const Rows& rows, int64_t n0, int64_t n1, const float* xt, int64_t M, int64_t ld8, int64_t K,
-                 float* out, const float* bias) {
-  const int64_t N = rows.first.back();
-  const float* w[kNr];
-  int64_t col[kNr];
-  int64_t n = n0;
-  for (; n + kNr <= n1; n += kNr) {
-    for (int r = 0; r < kNr; ++r) {
-      col[r] = n + r;
-      w[r] = rows.row(n + r);
-    }
-    chain_rows<kNr>(w, xt, M, ld8, K, out, N, col, bias);
-  }
-  for (; n < n1; ++n) {
-    const float* w1[1] = {rows.row(n)};
-    const int64_t c1[1] = {n};
-    chain_rows<1>(w1, xt, M, ld8, K, out, N, c1, bias);
-  }
-}
+#include "f32_rows_chain.h"  // the prompt recipe: chain_block, one sequential chain per output
 
 // ---- the operators ---------------------------------------------------------------------------------------
 
@@ -366,7 +289,11 @@ at::Tensor rows_product(const char* op, bool chain, const at::Tensor& x_in, at::
 }
 
 at::Tensor f32_rows_linear(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& bias) {
-  return rows_product("f32_rows_linear", false, x, weights, bias);
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor out = rows_product("f32_rows_linear", false, x, weights, bias);
+  rows_clock_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+                              .count(), std::memory_order_relaxed);
+  return out;
 }
 
 at::Tensor f32_rows_chain_linear(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& bias) {
@@ -379,6 +306,7 @@ TORCH_LIBRARY_FRAGMENT(fuelpipe_kernels, m) {
   m.def("f32_rows_linear(Tensor x, Tensor[] weights, Tensor? bias) -> Tensor");
   m.def("f32_rows_chain_linear(Tensor x, Tensor[] weights, Tensor? bias) -> Tensor");
   m.def("set_f32_prefetch(int bytes) -> int");
+  m.def("f32_rows_clock_ns() -> int");
 }
 
 TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
@@ -392,4 +320,5 @@ TORCH_LIBRARY_IMPL(fuelpipe_kernels, CompositeExplicitAutograd, m) {
     TORCH_CHECK(bytes >= 0 && bytes <= 65536, "set_f32_prefetch: bytes must be in [0, 65536], got ", bytes);
     return prefetch_bytes.exchange(bytes);
   });
+  m.impl("f32_rows_clock_ns", []() -> int64_t { return rows_clock_ns.load(std::memory_order_relaxed); });
 }

@@ -247,11 +247,18 @@ int64_t checked_rows(const char* op, const at::Tensor& x_in, at::TensorList weig
   return N;
 }
 
+// Whether several rows of x take the avx512 tile: its measured choice (fuelpipe.kernels.path_choice), or a
+// forced path.
+inline bool pairs_path() {
+  return static_cast<int>(fuelpipe_isa::path_for(fuelpipe_isa::Measured::f32_rows)) >=
+         static_cast<int>(fuelpipe_isa::Path::avx512);
+}
+
 // x's rows packed in pairs for the avx512 path: pair p, block j (k = 8j .. 8j + 7) holds row 2p's eight floats
-// then row 2p + 1's, [pairs, K8 / 8, 16]. Undefined where that path does not run (M < 2, K < 8, below avx512).
+// then row 2p + 1's, [pairs, K8 / 8, 16]. Undefined where that path does not run (M < 2, K < 8, not chosen).
 at::Tensor x_pairs(const at::Tensor& x, int64_t M, int64_t K) {
   const int64_t k8 = K / kLanes * kLanes;
-  if (M < 2 || k8 == 0 || !fuelpipe_isa::at_least(fuelpipe_isa::Path::avx512)) return at::Tensor();
+  if (M < 2 || k8 == 0 || !pairs_path()) return at::Tensor();
   const int64_t pairs = M / 2;
   return x.view({M, K}).narrow(0, 0, 2 * pairs).narrow(1, 0, k8).reshape({pairs, 2, k8 / kLanes, kLanes})
       .transpose(1, 2).contiguous();  // [pairs, K8 / 8, 2, 8]

@@ -4,7 +4,7 @@ A wider path is not always faster: on a 2-core Xeon with AVX-512 and AMX the 16-
 ran 1.32x faster on avx512 than on avx2 at one thread, and the 4-bit one 0.89x (experiments/vector_paths_cpu).
 So each such kernel (``MEASURED``) is timed on every path this CPU runs, once per machine and build, on
 eight distinct decoder layers of SmolLM2-135M's shapes (weights streamed from beyond the L2 cache, as in
-decode) at one thread; the choice is stored beside the built library (``path_choice.json``, written atomically) and applied
+decode) at one thread (the f32 rows kernel at ``BATCH_ROWS`` rows of x: its avx512 tile serves a batch step); the choice is stored beside the built library (``path_choice.json``, written atomically) and applied
 at every load. A forced path (``$FUELPIPE_KERNEL_PATH``, ``forced_vector_path``) overrides it.
 
 The f32 rows kernel (``f32_rows.cpp``) asks for each weight stream's lines a fixed distance ahead. Whether that
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-MEASURED = ("q8_gemv_a16", "q4_gemv_a16")
+MEASURED = ("q8_gemv_a16", "q4_gemv_a16", "f32_rows_linear")
+BATCH_ROWS = 8  # rows of x the f32 rows kernel is timed at: its avx512 tile serves several rows (a batch step)
 LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (out, in): fused q/k/v, o, fused gate/up, down
 LAYERS = 8  # distinct layers: 26 MB of int8 codes, beyond any L2
 ROUNDS = 5
@@ -98,14 +99,20 @@ def measure(paths: list[str]) -> dict:
     out: dict = {"best": {}, "ms_per_layer": {}, "threads": 1, "layers": LAYERS, "layer": [list(s) for s in LAYER]}
     restore = ops.set_vector_path("auto")  # the setting before (a forced path, or "auto"), put back after
     try:
-        for kernel, kind in zip(MEASURED, (QuantKind.int8, QuantKind.int4)):
-            layers = [[_random_packed(kind, n, k, gen) for n, k in LAYER] for _ in range(LAYERS)]
-            xs = [torch.randn(1, k, generator=gen) for _, k in LAYER]
+        for kernel, kind in zip(MEASURED, (QuantKind.int8, QuantKind.int4, None)):
+            if kind is None:  # f32 weights, BATCH_ROWS rows of x
+                layers = [[torch.ones(n, k) for n, k in LAYER] for _ in range(LAYERS)]
+                xs = [torch.ones(BATCH_ROWS, k) for _, k in LAYER]
+            else:
+                layers = [[_random_packed(kind, n, k, gen) for n, k in LAYER] for _ in range(LAYERS)]
+                xs = [torch.randn(1, k, generator=gen) for _, k in LAYER]
 
             def layer() -> None:  # every layer once: weights stream from beyond the L2 cache, as in decode
                 for packed in layers:
                     for p, x in zip(packed, xs):
-                        if kind is QuantKind.int8:
+                        if kind is None:
+                            ops.f32_rows_linear(x, [p], None)
+                        elif kind is QuantKind.int8:
                             ops.q8_gemv_a16(x, p.q, p.scales, None)
                         else:
                             ops.q4_gemv_a16(x, p.q, p.scales, p.mins, None)

@@ -89,10 +89,10 @@ inline bool at_least(Path p) { return static_cast<int>(current()) >= static_cast
 // Kernels with several vector paths above avx2 take the one measured fastest on this CPU
 // (fuelpipe.kernels.build measures once per machine and build), never above the chosen path; a forced
 // path (set_vector_path with a name) is taken as it is, so tests and benchmarks run exactly that path.
-enum class Measured : int { q8_a16 = 0, q4_a16 = 1 };
-constexpr int kMeasured = 2;
-inline const char* const kMeasuredNames[kMeasured] = {"q8_gemv_a16", "q4_gemv_a16"};
-inline std::atomic<int> measured_best[kMeasured] = {-1, -1};
+enum class Measured : int { q8_a16 = 0, q4_a16 = 1, f32_rows = 2 };  // f32_rows: its several-rows tile
+constexpr int kMeasured = 3;
+inline const char* const kMeasuredNames[kMeasured] = {"q8_gemv_a16", "q4_gemv_a16", "f32_rows_linear"};
+inline std::atomic<int> measured_best[kMeasured] = {-1, -1, -1};
 inline std::atomic<bool> forced{false};
 
 inline Path path_for(Measured kernel) {

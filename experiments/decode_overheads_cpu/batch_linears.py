@@ -2,7 +2,7 @@
 ROWS rows of x, on each vector path of the f32 rows kernel (avx2: 8 lanes per register; avx512: two rows of x
 per register, the same bits), interleaved in one process.
 
-    python experiments/f32_prefetch_cpu/batch_linears.py THREADS ROWS [ROUNDS]
+    python experiments/decode_overheads_cpu/batch_linears.py THREADS ROWS [ROUNDS]
 """
 import statistics
 import sys

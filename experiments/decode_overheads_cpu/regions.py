@@ -1,7 +1,7 @@
 """Per decode token of SmolLM2-135M (aot, f32, plan_once): OpenMP parallel regions (fork/joins), the cost
 of an empty one, and the step split into its f32 linears and the rest.
 
-    python experiments/f32_prefetch_cpu/regions.py THREADS
+    python experiments/decode_overheads_cpu/regions.py THREADS
 
 It compiles ``omp_count.c`` (a counter in front of libgomp's ``GOMP_parallel``) with the system's C
 compiler and runs itself again with it preloaded. The time inside the linears is the kernel's own clock

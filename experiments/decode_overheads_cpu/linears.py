@@ -1,7 +1,7 @@
 """ms of one token's f32 linears (SmolLM2-135M shapes: 30 distinct layers, then the 49152-row head) with the f32
 rows kernel's software prefetch at each distance, interleaved in one process.
 
-    python experiments/f32_prefetch_cpu/linears.py THREADS [ROUNDS [ROWS]]
+    python experiments/decode_overheads_cpu/linears.py THREADS [ROUNDS [ROWS]]
 """
 import statistics
 import sys

@@ -46,10 +46,11 @@ def markdown(doc: dict) -> str:
     if v.get("measured"):
         parts = [f"at B = {v['batch']}: {v['fuelpipe']} {v['fuelpipe_tokens_per_s']:.1f} tokens/s"]
         if "over_transformers" in v:
-            parts.append(f"{v['over_transformers']:.2f}x {v['transformers']} (target 2x: "
-                         f"{'met' if v['target_2x_transformers_met'] else 'NOT met'})")
+            parts.append(f"{v['over_transformers']:.2f}x {v['transformers']} (target {v['target_over_transformers']:g}x: "
+                         f"{'met' if v['over_transformers_met'] else 'NOT met'})")
         if "over_llama_cpp" in v:
-            parts.append(f"{v['over_llama_cpp']:.2f}x llama.cpp (level: {'yes' if v['level_with_llama_cpp'] else 'no'})")
+            parts.append(f"{v['over_llama_cpp']:.2f}x llama.cpp (target {v['target_over_llama_cpp']:g}x: "
+                         f"{'met' if v['over_llama_cpp_met'] else 'NOT met'})")
         lines += ["", "Verdict " + "; ".join(parts) + "."]
     if doc.get("continuous"):
         lines += ["", "Continuous batching (requests arriving over time, mixed prompt and output lengths):", "",

@@ -36,8 +36,14 @@ def test_ratios_and_verdict_compare_with_the_best_transformers_mode_at_the_same_
     _ratios(rows)
     assert rows[0]["over_best_transformers"] == pytest.approx(250 / 130) and rows[0]["best_transformers"] == "hf b"
     v = verdict(rows, 8)
-    assert v["transformers"] == "hf b" and not v["target_2x_transformers_met"]
-    assert v["over_llama_cpp"] == pytest.approx(250 / 260) and not v["level_with_llama_cpp"]
+    assert v["transformers"] == "hf b" and not v["over_transformers_met"] and v["target_over_transformers"] == 2.5
+    assert v["over_llama_cpp"] == pytest.approx(250 / 260) and not v["over_llama_cpp_met"]
+    rows[0]["tokens_per_s"] = 330.0  # 2.54x the best transformers mode, 1.27x llama.cpp: both targets met
+    v = verdict(rows, 8)
+    assert v["over_transformers_met"] and v["over_llama_cpp_met"] and v["target_over_llama_cpp"] == 1.2
+    rows[0]["tokens_per_s"] = 311.0  # 2.39x and 1.196x: just short of each
+    v = verdict(rows, 8)
+    assert not v["over_transformers_met"] and not v["over_llama_cpp_met"]
     assert verdict(rows, 16) == {"batch": 16, "measured": False}
 
 

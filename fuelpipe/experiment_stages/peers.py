@@ -73,6 +73,8 @@ def validate(p) -> list[str]:
     for v in p.f32_prefetch:
         if not 0 <= v <= 65536:
             reasons.append(f"experiment.peers.f32_prefetch entries must be in [0, 65536] bytes, got {v}")
+    if len(set(p.f32_prefetch)) != len(p.f32_prefetch):
+        reasons.append(f"experiment.peers.f32_prefetch entries must be distinct (each names a row), got {list(p.f32_prefetch)}")
     for key in ("prompt_tokens", "new_tokens", "reps"):
         if p[key] < 1:
             reasons.append(f"experiment.peers.{key} must be >= 1, got {p[key]}")

@@ -259,9 +259,8 @@ def set_f32_prefetch(nbytes: int) -> int:
 
 def f32_prefetch_bytes() -> int:
     """The f32 rows kernel's prefetch distance now (measured at load, unless set)."""
-    before = set_f32_prefetch(0)
-    set_f32_prefetch(before)
-    return before
+    load()
+    return int(torch.ops.fuelpipe_kernels.f32_prefetch_bytes())
 
 
 @contextmanager

@@ -314,6 +314,7 @@ TORCH_LIBRARY_FRAGMENT(fuelpipe_kernels, m) {
   m.def("f32_rows_chain_linear(Tensor x, Tensor[] weights, Tensor? bias) -> Tensor");
   m.def("set_f32_prefetch(int bytes) -> int");
   m.def("f32_rows_clock_ns() -> int");
+  m.def("f32_prefetch_bytes() -> int");
 }
 
 TORCH_LIBRARY_IMPL(fuelpipe_kernels, CPU, m) {
@@ -328,4 +329,5 @@ TORCH_LIBRARY_IMPL(fuelpipe_kernels, CompositeExplicitAutograd, m) {
     return prefetch_bytes.exchange(bytes);
   });
   m.impl("f32_rows_clock_ns", []() -> int64_t { return rows_clock_ns.load(std::memory_order_relaxed); });
+  m.impl("f32_prefetch_bytes", []() -> int64_t { return prefetch_bytes.load(std::memory_order_relaxed); });
 }

@@ -126,3 +126,18 @@ def test_real_smollm2_against_transformers_rows_equal_b1(tmp_path):
         if r["group"] == "fuelpipe" or r["system"] == "transformers padded":
             assert r["status"] == "ok" and r["rows_equal"] == r["batch"], r
         assert r.get("tokens_per_s") or r["status"] == "missing", r
+
+
+def test_a_record_from_before_the_targets_were_fields_still_renders():
+    from pathlib import Path
+
+    from fuelpipe.bench.batch_report import markdown
+
+    root = Path(__file__).resolve().parents[2]
+    doc = json.loads((root / "experiments" / "bench_batch_amd" / "results.json").read_text())["bench_batch"]
+    assert "target_2x_transformers_met" in doc["verdict"]  # the old field names
+    text = markdown(doc)
+    assert "(target 2x: " in text and "llama.cpp (level: " in text
+    doc["verdict"] = verdict([{"system": "fp", "group": "fuelpipe", "batch": 8, "tokens_per_s": 300.0},
+                              {"system": "lc", "group": "llama.cpp", "batch": 8, "tokens_per_s": 200.0}], 8)
+    assert "1.50x llama.cpp (target 1.2x: met)" in markdown(doc)

@@ -192,6 +192,7 @@ def test_cli_bench_peers_writes_table_chart_and_results(tmp_path):
         ("experiment.peers.backends=[fxx]", "unknown experiment.peers.backends entry 'fxx'; did you mean 'fx'?"),
         ("experiment.peers.new_tokens=2", "experiment.peers.new_tokens must be >= 3"),
         ("experiment.peers.f32_prefetch=[0,-64]", "experiment.peers.f32_prefetch entries must be in [0, 65536] bytes, got -64"),
+        ("experiment.peers.f32_prefetch=[0,0]", "experiment.peers.f32_prefetch entries must be distinct (each names a row)"),
         ("experiment.peers.prompt_tokens=99", "experiment.peers.prompt_tokens=99 but the first prompt holds only 8"),
         ("experiment.peers.new_tokens=5000 experiment.peers.prompt_tokens=8",
          "experiment.peers.prompt_tokens + new_tokens = 5008 exceeds the model's max_position_embeddings"),

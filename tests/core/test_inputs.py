@@ -141,3 +141,15 @@ def test_a_row_whose_finite_values_overflow_the_sum_is_not_refused():
     assert not torch.isfinite(row.sum())  # the fast check's sum overflows; the exact check clears the row
     check_finite(row[0])
     assert greedy(row) == 6
+
+
+def test_greedy_falls_back_to_torch_where_numpy_cannot_read_the_row():
+    from fuelpipe.sampling import greedy
+
+    row = torch.tensor([[0.5, 3.0, 3.0, -1.0]])
+    assert greedy(row.requires_grad_()) == 1  # a row that requires grad
+    negated = torch.tensor([[-0.5, -3.0, 1.0]]).neg()  # a negated view: numpy cannot read it as it lies
+    assert greedy(negated) == int(torch.argmax(negated[0])) == 1
+    half = torch.full((1, 70000), 60000.0, dtype=torch.float16)  # its own-dtype sum overflows: not refused
+    half[0, 123] = 65000.0
+    assert greedy(half) == 123

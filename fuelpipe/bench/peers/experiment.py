@@ -28,6 +28,7 @@ from fuelpipe.config.schema import Weights
 from fuelpipe.errors import ConfigError
 from fuelpipe.kv.spec import KvSpec
 from fuelpipe.machine import cpu_name, speed_extensions
+from fuelpipe.plan.panels import kernels_available
 from fuelpipe.results import git_hash
 
 REFERENCE = "transformers dynamic"
@@ -57,6 +58,9 @@ def build_systems(cfg: DictConfig, asm) -> list[PeerSystem]:
                 for ahead in p.f32_prefetch:  # the same row with the f32 kernel's prefetch forced
                     s = FuelpipeSystem(asm.model, spec, plan, kv, max_new_tokens=cap, f32_prefetch=ahead)
                     s.name += f" prefetch={ahead}"
+                    why = kernels_available()  # None where the kernels run
+                    if why is not None:
+                        s.missing = f"no f32 kernel prefetch to force: fuelpipe's C++ kernels could not be built ({why})"
                     systems.append(s)
     systems += quantized_systems(cfg, asm)
     path = checkpoint_gguf(cfg.model)

@@ -238,13 +238,19 @@ def _set(name: str) -> str:
 
 
 @contextmanager
+def _forced(value, set_it, restore):
+    """Runs the block with a process-wide kernel setting at ``value`` (``set_it`` returns the one before),
+    then hands the one before to ``restore``, even on error."""
+    before = set_it(value)
+    try:
+        yield value
+    finally:
+        restore(before)
+
+
 def forced_vector_path(name: str):
     """Runs the block with the kernels on path ``name``, then restores the path taken before."""
-    before = set_vector_path(name)
-    try:
-        yield name
-    finally:
-        _set(before)
+    return _forced(name, set_vector_path, _set)
 
 
 def set_f32_prefetch(nbytes: int) -> int:
@@ -263,14 +269,9 @@ def f32_prefetch_bytes() -> int:
     return int(torch.ops.fuelpipe_kernels.f32_prefetch_bytes())
 
 
-@contextmanager
 def forced_f32_prefetch(nbytes: int):
     """Runs the block with the f32 rows kernel's prefetch distance at ``nbytes``, then restores it."""
-    before = set_f32_prefetch(nbytes)
-    try:
-        yield nbytes
-    finally:
-        set_f32_prefetch(before)
+    return _forced(nbytes, set_f32_prefetch, set_f32_prefetch)
 
 
 def _choose_paths(folder: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fuelpipe.config_checks import require_positive
 from fuelpipe.errors import ConfigError
 from fuelpipe.rope import RopeScaling, yarn_mscale
 
@@ -39,10 +40,9 @@ class DeepseekV2Config:
     attention_bias: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"DeepseekV2Config.{name} must be >= 1, got {getattr(self, name)}")
+        require_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                "v_head_dim"))
         if self.q_lora_rank is not None and self.q_lora_rank < 1:
             raise ConfigError(f"DeepseekV2Config.q_lora_rank must be None or >= 1, got {self.q_lora_rank}")
         if self.qk_rope_head_dim % 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fuelpipe.errors import ConfigError
+from fuelpipe.config_checks import require_head_groups, require_heads_divide_hidden, require_positive
 from fuelpipe.rope import RopeScaling
 
 # Per-token data: these reach the step as RoPE rows and are not part of the plan key.
@@ -29,20 +29,11 @@ class LlamaConfig:
     mlp_bias: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"hidden_size ({self.hidden_size}) must divide by num_attention_heads "
-                f"({self.num_attention_heads}) when head_dim is not given"
-            )
+        require_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        require_head_groups(self)
+        if self.head_dim is None:
+            require_heads_divide_hidden(self, " when head_dim is not given")
 
     @property
     def resolved_head_dim(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from fuelpipe.config_checks import require_head_groups, require_heads_divide_hidden, require_positive
 from fuelpipe.errors import ConfigError
 
 # Per-token data: these reach the step as RoPE rows and are not part of the plan key.
@@ -27,20 +28,10 @@ class PhiConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"PhiConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"PhiConfig: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"PhiConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        require_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        require_heads_divide_hidden(self)
+        require_head_groups(self)
         if not 0.0 < self.partial_rotary_factor <= 1.0:
             raise ConfigError(f"PhiConfig.partial_rotary_factor must lie in (0, 1], got {self.partial_rotary_factor}")
         if self.rotary_dim < 2 or self.rotary_dim % 2:

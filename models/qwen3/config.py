@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fuelpipe.config_checks import normalize_layer_types, require_head_groups, require_positive
 from fuelpipe.errors import ConfigError
-from fuelpipe.masks import FULL, LAYER_TYPES, SLIDING
+from fuelpipe.masks import FULL, SLIDING
 from fuelpipe.rope import RopeScaling
 
 # Per-token data: these reach the step as RoPE rows and are not part of the plan key.
@@ -40,25 +41,10 @@ class Qwen3Config:
     layer_types: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"Qwen3Config.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"Qwen3Config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if self.layer_types is not None:
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a YAML list arrives as list
-            if len(self.layer_types) != self.num_hidden_layers:
-                raise ConfigError(
-                    f"Qwen3Config.layer_types has {len(self.layer_types)} entries, "
-                    f"num_hidden_layers is {self.num_hidden_layers}"
-                )
-            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
-            if unknown:
-                raise ConfigError(f"Qwen3Config.layer_types: unknown kinds {unknown}; available: {list(LAYER_TYPES)}")
+        require_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"))
+        require_head_groups(self)
+        normalize_layer_types(self)
         if SLIDING in self.resolved_layer_types and (self.window is None or self.window < 1):
             raise ConfigError(
                 f"Qwen3Config: sliding_attention layers need use_sliding_window=True and sliding_window >= 1, "

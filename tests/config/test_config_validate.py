@@ -45,7 +45,7 @@ def test_every_shipped_default_combination_is_valid(compose_cfg):
             "rope_theta, tie_word_embeddings, vocab_size",
         ]),
         (["+model.overrides.num_key_value_heads=3"], [
-            "model.overrides={'num_key_value_heads': 3}: num_attention_heads (4) must be a multiple of "
+            "model.overrides={'num_key_value_heads': 3}: LlamaConfig: num_attention_heads (4) must be a multiple of "
             "num_key_value_heads (3)",
         ]),
         (["model.weights=gguf", "model.path=/x.gguf"], [

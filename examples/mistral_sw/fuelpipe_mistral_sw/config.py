@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fuelpipe.errors import ConfigError
+from fuelpipe.config_checks import require_head_groups, require_heads_divide_hidden, require_positive
 
 # Per-token data: these reach the step as RoPE rows and are not part of the plan key.
 ROPE_FIELDS = ("rope_theta", "max_position_embeddings")
@@ -25,16 +25,11 @@ class MistralSwConfig:
     mlp_bias: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "sliding_window", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"MistralSwConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size ({self.hidden_size}) must divide by num_attention_heads "
-                              f"({self.num_attention_heads})")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                              f"num_key_value_heads ({self.num_key_value_heads})")
+        require_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "sliding_window",
+                                "max_position_embeddings"))
+        require_heads_divide_hidden(self)
+        require_head_groups(self)
 
     @property
     def head_dim(self) -> int:

@@ -24,6 +24,7 @@ from fuelpipe.kv.contiguous import ContiguousKvCache
 from fuelpipe.kv.layout import layout_named, layout_of, signature_for
 from fuelpipe.kv.paged import KvBlockPool
 from fuelpipe.kv.sizes import check_size
+from fuelpipe.masks import MaskRowTable
 from fuelpipe.plan.backends import BACKENDS, BackendSpec
 from fuelpipe.plan.policy import DEFAULT_POLICY, PlanPolicy
 from fuelpipe.plan.prefill_program import PrefillPlans
@@ -71,6 +72,7 @@ class InferenceContext:
         self.plan = HeldPlan(spec, PlanMode.parse(plan), mode, policy)
         self._rope_plan = model.rope_plan
         self._tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._mask_rows: Optional[MaskRowTable] = None  # a decode step's mask rows (``_decode_mask``)
         self.prefill_plans = PrefillPlans(spec)  # the prompt step as a held program (eager backend: eager)
         # Adapts the thread count of ``generate`` / ``generate_iter`` to the machine's load
         # (fuelpipe.threads); None keeps the process's count fixed, as oracles and benchmarks want.
@@ -166,12 +168,14 @@ class InferenceContext:
             raise ConfigError(f"cache dtype {cache.dtype} must equal the model's {self.dtype}")
         layout.check_cache(self.model, cache)
 
-    def _host(self, cache, token_ids: torch.Tensor) -> TokenHostData:
+    def _host(self, cache, token_ids: torch.Tensor, id_range: Optional[tuple[int, int]] = None) -> TokenHostData:
+        """The step's host data for ``token_ids`` [1, T] at the cache's next positions, every input checked
+        first (``id_range``: the ids' (min, max) when the caller has them as ints, saving two tensor reads)."""
         self.check_cache(cache)
         if token_ids.dim() != 2 or token_ids.shape[0] != 1 or token_ids.shape[1] < 1:
             raise InputError(f"token_ids must have shape [1, T>=1], got {list(token_ids.shape)}")
         vocab = self.model.dims.vocab_size
-        lo, hi = int(token_ids.min()), int(token_ids.max())
+        lo, hi = id_range if id_range is not None else (int(token_ids.min()), int(token_ids.max()))
         if lo < 0 or hi >= vocab:
             raise InputError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
         start, n = cache.cached_len, token_ids.shape[1]
@@ -185,7 +189,16 @@ class InferenceContext:
         return compute_token_host(
             token_ids.to(torch.int64), cos, sin, self.model.mask_plan, start, cache.width, self.dtype,
             write_index=cache.write_index(start, n), block_table=cache.block_table(),
+            mask=self._decode_mask(start, cache.width) if n == 1 else None,
         )
+
+    def _decode_mask(self, start: int, width: int) -> torch.Tensor:
+        """A decode step's mask rows, a view of the context's ``MaskRowTable`` for this width (made on first use
+        and again when the model's mask plan, the width or the dtype change)."""
+        table = self._mask_rows
+        if table is None or not table.serves(self.model.mask_plan, width, self.dtype):
+            table = self._mask_rows = MaskRowTable(self.model.mask_plan, width, self.dtype)
+        return table.row(start)
 
     def _prefill_step(self, signature):
         return self.prefill_plans.step(self.model, signature.name, lambda: step_module_for(self.model, signature))
@@ -212,9 +225,10 @@ class InferenceContext:
                 raise InputError(f"decode takes one integer token id, got a {token_id.dtype} tensor of shape "
                                  f"{list(token_id.shape)}")
             ids = token_id.reshape(1, 1).to(torch.int64)
+            host = self._host(cache, ids)
         else:
-            ids = token_id_tensor([token_int(token_id)])
-        host = self._host(cache, ids)
+            tid = token_int(token_id)
+            host = self._host(cache, torch.tensor([[tid]], dtype=torch.int64), id_range=(tid, tid))
         logits = self.plan.step(self.model, cache, host)
         cache.advance(1)
         cache.bump_all_versions()

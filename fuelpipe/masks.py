@@ -73,6 +73,29 @@ def mask_variants(plan: MaskPlan, start: int, seq: int, width: int, dtype: torch
     return out.masked_fill_(~ok, float("-inf"))
 
 
+class MaskRowTable:
+    """``mask_variants`` for one query (a decode step) at any position, read as a view instead of computed.
+
+    ``allowed`` depends on q - k only, so the row of a query at position p over keys 0 .. W-1 is the window
+    [W-1-p, 2W-1-p) of the row of a query at W-1 over keys 0 .. 2W-2: that one row per variant is computed
+    once, by ``mask_variants`` itself, and every decode step slices it (no arithmetic per token).
+    """
+
+    def __init__(self, plan: MaskPlan, width: int, dtype: torch.dtype) -> None:
+        self.plan, self.width, self.dtype = plan, width, dtype
+        self.table = mask_variants(plan, width - 1, 1, 2 * width - 1, dtype)  # [V, 1, 1, 1, 2W-1]
+
+    def serves(self, plan: MaskPlan, width: int, dtype: torch.dtype) -> bool:
+        return self.width == width and self.dtype == dtype and self.plan == plan
+
+    def row(self, start: int) -> torch.Tensor:
+        """[V, 1, 1, 1, W]: ``mask_variants(plan, start, 1, W, dtype)``, a read-only view of the table for a
+        query inside the width (0 <= start < W); computed by ``mask_variants`` beyond it."""
+        if 0 <= start < self.width:
+            return self.table[..., self.width - 1 - start: 2 * self.width - 1 - start]
+        return mask_variants(self.plan, start, 1, self.width, self.dtype)
+
+
 def row_mask_variants(plan: MaskPlan, positions: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive masks [n_variants, B, 1, 1, width] for one query per row, row b at ``positions[b]``.
 

@@ -20,15 +20,18 @@ from fuelpipe.errors import ConfigError, NonFiniteLogitsError
 Sampler = Callable[[torch.Tensor], int]
 
 
-def check_finite(row: torch.Tensor) -> None:
-    """Refuse a logits row [vocab] holding NaN or Inf: argmax of NaNs is a token id, not an answer.
+def _numpy_view(row: torch.Tensor) -> Optional[np.ndarray]:
+    """The row as numpy reads it in place (a CPU f32/f64 tensor that needs no grad and is no lazy negation),
+    else None. numpy's reductions cost ~1 us of call overhead against ~5-10 us for a torch op, which counts
+    once per decoded token."""
+    if (type(row) is torch.Tensor and row.device.type == "cpu" and row.dtype in (torch.float32, torch.float64)
+            and row.numel() > 0 and not row.is_neg() and not row.requires_grad):
+        return row.numpy()
+    return None
 
-    A NaN or an Inf makes the row's sum non-finite, so a finite sum clears the row in one pass (14 us
-    over SmolLM2's 49152 logits on 2 threads, against 117 us for ``isfinite(row).all()``); a non-finite
-    sum, an overflow of finite values included, takes the exact check."""
-    wide = torch.float64 if row.dtype == torch.float64 else torch.float32  # a 16-bit sum would overflow at once
-    if row.is_floating_point() and bool(torch.isfinite(row.sum(dtype=wide))):
-        return
+
+def _refuse_non_finite(row: torch.Tensor) -> None:
+    """The exact check: raise NonFiniteLogitsError naming the first non-finite value, if there is one."""
     finite = torch.isfinite(row)
     if not bool(finite.all()):
         bad = (~finite).nonzero().flatten()
@@ -39,6 +42,24 @@ def check_finite(row: torch.Tensor) -> None:
         )
 
 
+def check_finite(row: torch.Tensor) -> None:
+    """Refuse a logits row [vocab] holding NaN or Inf: argmax of NaNs is a token id, not an answer.
+
+    A NaN or an Inf makes the row's sum non-finite, so a finite sum clears the row in one pass; a
+    non-finite sum, an overflow of finite values included, takes the exact check. The sum is numpy's
+    where numpy reads the row in place (one call instead of three torch ops), torch's otherwise, at
+    f32 or wider (a 16-bit sum would overflow at once)."""
+    view = _numpy_view(row)
+    if view is not None:
+        if math.isfinite(view.sum()):
+            return
+    elif row.is_floating_point():
+        wide = torch.float64 if row.dtype == torch.float64 else torch.float32
+        if bool(torch.isfinite(row.sum(dtype=wide))):
+            return
+    _refuse_non_finite(row)
+
+
 def greedy(logits: torch.Tensor) -> int:
     """logits: [1, vocab] -> argmax id, the first of equal maxima (a non-finite row raises NonFiniteLogitsError).
 
@@ -46,9 +67,9 @@ def greedy(logits: torch.Tensor) -> int:
     ``torch.argmax`` takes 120 us, once per decoded token."""
     row = logits[0]
     check_finite(row)
-    if (type(row) is torch.Tensor and row.device.type == "cpu" and row.dtype in (torch.float32, torch.float64)
-            and row.numel() > 0 and not row.is_neg()):
-        return int(np.argmax(row.detach().numpy()))
+    view = _numpy_view(row)
+    if view is not None:
+        return int(np.argmax(view))
     return int(torch.argmax(row))
 
 

@@ -46,17 +46,20 @@ def compute_token_host(
     dtype: torch.dtype,
     write_index: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> TokenHostData:
     """Host data for queries at positions [start, start+T) over a cache of ``width`` positions.
 
     ``write_index`` defaults to the contiguous positions; a paged cache passes its flattened offsets.
+    ``mask`` is ``mask_variants(mask_plan, start, T, width, dtype)`` when the caller has it already (a decode
+    step reads it from a ``MaskRowTable``).
     """
     seq = token_ids.shape[1]
     return TokenHostData(
         token_ids=token_ids,
         rope_cos=cos_table[:, None, start : start + seq],
         rope_sin=sin_table[:, None, start : start + seq],
-        mask=mask_variants(mask_plan, start, seq, width, dtype),
+        mask=mask_variants(mask_plan, start, seq, width, dtype) if mask is None else mask,
         write_index=torch.arange(start, start + seq, dtype=torch.int64) if write_index is None else write_index,
         cached_len=start,
         attended_len=start + seq,

@@ -153,3 +153,17 @@ def test_greedy_falls_back_to_torch_where_numpy_cannot_read_the_row():
     half = torch.full((1, 70000), 60000.0, dtype=torch.float16)  # its own-dtype sum overflows: not refused
     half[0, 123] = 65000.0
     assert greedy(half) == 123
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("form", ["f32", "f64", "bf16", "negated", "requires_grad"])
+def test_greedy_refuses_every_non_finite_value_on_the_numpy_and_the_torch_path(bad, form):
+    from fuelpipe.errors import NonFiniteLogitsError
+    from fuelpipe.sampling import greedy
+
+    row = torch.randn(1, 49152, generator=torch.Generator().manual_seed(1))
+    row[0, 777] = bad
+    row = {"f32": row, "f64": row.double(), "bf16": row.bfloat16(), "negated": row.neg().neg(),
+           "requires_grad": row.clone().requires_grad_()}[form]
+    with pytest.raises(NonFiniteLogitsError, match=r"1 non-finite values of 49152 \(first: id 777"):
+        greedy(row)

@@ -39,7 +39,7 @@ from fuelpipe.progress import waiting
 SOURCES = tuple(Path(__file__).with_name(n) for n in (
     "quant_gemv.cpp", "quant_a16.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("vector_path.h", "quant_common.h", "quant_a16_avx512.h",
-                                                          "f32_rows_avx512.h", "f32_rows_chain.h"))
+                                                          "quant_a16_tiles.h", "f32_rows_avx512.h", "f32_rows_chain.h"))
 # The sources compile as two translation units, one per core of a small machine: each C++ file spends
 # most of its compile in torch's headers, so two units parse them twice instead of four times (a cold
 # build 27 s -> 12.5 s on 2 cores). The units are generated in the build folder and only #include the sources.

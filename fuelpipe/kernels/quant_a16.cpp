@@ -227,6 +227,7 @@ float q4_row_avx2(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_t 
   }
   return hsum(_mm256_add_ps(a0, a1)) + macc;
 }
+#include "quant_a16_tiles.h"  // q8_tile_avx2, q4_tile_avx2: several rows at once, the same bits per row
 #endif  // FUELPIPE_HAS_AVX2
 
 
@@ -271,11 +272,13 @@ inline bool q4_permuted(Path p) { return p == Path::avx2 || p == Path::avx_vnni;
 // stretches were slower than 4. A row's result does not depend on the order rows are taken in.
 constexpr int kStreams = 4;
 
-// Quantizes every activation row, then runs row_fn(n, xq_row, dx_row, xs_row) for each output.
+// Quantizes every activation row, then runs row_fn(n, xq_row, dx_row, xs_row) for each output. Where
+// `tiled`, the kStreams rows a lockstep step visits run as one tile instead:
+// tile_fn(rows[kStreams], xq_row, dx_row, xs_row, scratch, values[kStreams]), scratch 2 * kStreams * K / 32.
 // q4_order: lay each block out for q4_block_a16 (the 256-bit 4-bit paths).
-template <typename RowFn>
+template <typename RowFn, typename TileFn>
 at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, bool q4_order,
-                        RowFn row_fn) {
+                        RowFn row_fn, bool tiled, TileFn tile_fn) {
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = out_like(x, N);
   const int64_t M = x.numel() / K, nb = K / kBlock;
@@ -297,12 +300,27 @@ at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10:
   };
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     const int64_t per = (end - begin) / kStreams;
-    for (int64_t i = 0; i < per; ++i)
-      for (int s = 0; s < kStreams; ++s) one_row(begin + s * per + i);
+    std::vector<float> scratch(tiled ? 2 * kStreams * nb : 0);
+    for (int64_t i = 0; i < per; ++i) {
+      if (!tiled) {
+        for (int s = 0; s < kStreams; ++s) one_row(begin + s * per + i);
+        continue;
+      }
+      int64_t rows[kStreams];
+      for (int s = 0; s < kStreams; ++s) rows[s] = begin + s * per + i;
+      for (int64_t m = 0; m < M; ++m) {
+        float v[kStreams];
+        tile_fn(rows, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb, scratch.data(), v);
+        for (int s = 0; s < kStreams; ++s) op[m * N + rows[s]] = bp ? v[s] + bp[rows[s]] : v[s];
+      }
+    }
     for (int64_t n = begin + kStreams * per; n < end; ++n) one_row(n);
   });
   return out;
 }
+
+// Whether a product runs its lockstep rows as tiles: the 256-bit paths at group size 32.
+inline bool tiles(Path p, int64_t G) { return G == kBlock && (p == Path::avx2 || p == Path::avx_vnni); }
 
 at::Tensor q8_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
   const auto shape = q8_shapes("q8_gemv_a16", x, q, scales, bias);
@@ -310,9 +328,21 @@ at::Tensor q8_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const int8_t* qp = q.data_ptr<int8_t>();
   const Path path = fuelpipe_isa::path_for(fuelpipe_isa::Measured::q8_a16);
   auto typed = [&](auto* sp) {
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
+    auto tile = [&](const int64_t* rows, const int16_t* xq, const float* dx, const float*, float* scratch, float* v) {
+#ifdef FUELPIPE_HAS_AVX2
+      const int8_t* qs[kStreams];
+      const S* ss[kStreams];
+      for (int r = 0; r < kStreams; ++r) qs[r] = qp + rows[r] * K, ss[r] = sp + rows[r] * KG;
+#ifdef FUELPIPE_HAS_AVX_VNNI
+      if (path == Path::avx_vnni) return q8_tile_avx2<true, S, kStreams>(qs, ss, K, xq, dx, scratch, v);
+#endif
+      q8_tile_avx2<false, S, kStreams>(qs, ss, K, xq, dx, scratch, v);
+#endif
+    };
     return run_rows_a16(x, N, K, bias, false, [&](int64_t n, const int16_t* xq, const float* dx, const float*) {
       return q8_row_a16(path, qp + n * K, sp + n * KG, K, G, xq, dx);
-    });
+    }, tiles(path, G), tile);
   };
   if (scales.scalar_type() == at::kFloat) return typed(scales.data_ptr<float>());
   return typed(scales.data_ptr<c10::Half>());
@@ -325,9 +355,22 @@ at::Tensor q4_gemv_a16(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const Path path = fuelpipe_isa::path_for(fuelpipe_isa::Measured::q4_a16);
   auto typed = [&](auto* sp, auto* mp) {
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
+    auto tile = [&](const int64_t* rows, const int16_t* xq, const float* dx, const float* xs, float* scratch, float* v) {
+#ifdef FUELPIPE_HAS_AVX2
+      const uint8_t* qs[kStreams];
+      const S *ss[kStreams], *ms[kStreams];
+      for (int r = 0; r < kStreams; ++r) qs[r] = qp + rows[r] * (K / 2), ss[r] = sp + rows[r] * KG, ms[r] = mp + rows[r] * KG;
+      float* mins = scratch + kStreams * (K / kBlock);
+#ifdef FUELPIPE_HAS_AVX_VNNI
+      if (path == Path::avx_vnni) return q4_tile_avx2<true, S, kStreams>(qs, ss, ms, K, xq, dx, xs, scratch, mins, v);
+#endif
+      q4_tile_avx2<false, S, kStreams>(qs, ss, ms, K, xq, dx, xs, scratch, mins, v);
+#endif
+    };
     return run_rows_a16(x, N, K, bias, q4_permuted(path), [&](int64_t n, const int16_t* xq, const float* dx, const float* xs) {
       return q4_row_a16(path, qp + n * (K / 2), sp + n * KG, mp + n * KG, K, G, xq, dx, xs);
-    });
+    }, tiles(path, G), tile);
   };
   if (scales.scalar_type() == at::kFloat) return typed(scales.data_ptr<float>(), mins.data_ptr<float>());
   return typed(scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>());

@@ -89,7 +89,7 @@ inline void block_scales(const S* s, const float* dx, int64_t nb, float* sc) {
     __m256 w;
     if constexpr (std::is_same_v<S, float>) w = _mm256_loadu_ps(s + b);
     else w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b)));
-    _mm256_store_ps(sc + b, _mm256_mul_ps(w, _mm256_loadu_ps(dx + b)));
+    _mm256_storeu_ps(sc + b, _mm256_mul_ps(w, _mm256_loadu_ps(dx + b)));
   }
   for (; b < nb; ++b) sc[b] = to_f32(s[b]) * dx[b];
 }

@@ -35,11 +35,11 @@ KERNELS = "fuelpipe/kernels"
 
 # name -> (file, old text, new text, gate overrides)
 BUGS = {
-    # The pair loop's tail: a row with an odd number of 32-element blocks loses its last one (int8, 16-bit activations).
-    "odd_block_dropped": (
-        f"{KERNELS}/quant_a16.cpp",
-        "    if (b < nb)\n      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_a16<kVnni>(",
-        "    if (b + 1 < nb)\n      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_a16<kVnni>(",
+    # The 256-bit int8 tile (the rows a thread walks in lockstep) sums only its even blocks' chain.
+    "odd_blocks_dropped_in_a_tile": (
+        f"{KERNELS}/quant_a16_tiles.h",
+        "for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));",
+        "for (int r = 0; r < R; ++r) out[r] = hsum(acc[r][0]);",
         ("weights.dtype=int8",),
     ),
     # The same on the AVX-512 path only (a CPU without AVX-512 neither compiles nor runs it: skipped there).

@@ -126,6 +126,32 @@ def test_every_path_computes_the_16_bit_product_row_by_row_at_any_thread_count(k
 
 
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
+@pytest.mark.parametrize("k,group", [(576, 32), (96, 32), (256, 64)])
+def test_a_weight_row_gives_the_same_bits_in_a_tile_of_rows_and_alone(kind, k, group):
+    """The 256-bit paths run the rows a thread walks in lockstep as one tile (quant_a16_tiles.h); a row's
+    result is its own one-row function's, bit for bit, whichever rows share its tile and at any thread count."""
+    torch.manual_seed(k)
+    p = quantize(torch.randn(203, k), kind, group)
+    x = torch.randn(2, k)
+    before = torch.get_num_threads()
+    for path in vector_paths():
+        with forced_vector_path(path):
+            alone = torch.cat([_a16(kind, _one_row(p, n), x) for n in range(203)], dim=1)  # N = 1: no tile
+            try:
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    assert torch.equal(_a16(kind, p, x), alone), (path, threads)
+            finally:
+                torch.set_num_threads(before)
+
+
+def _one_row(p, n):
+    from dataclasses import replace
+
+    return replace(p, q=p.q[n:n + 1], scales=p.scales[n:n + 1], mins=None if p.mins is None else p.mins[n:n + 1])
+
+
+@pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
 def test_a_wrong_path_fails_the_tolerance_the_paths_are_held_to(kind):
     """Negative control for the test above: a product whose last block is dropped is far outside it."""
     torch.manual_seed(2)

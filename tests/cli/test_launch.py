@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from _support.sigint import default_sigint
 
 SCRIPT = r'''
 import importlib.abc, importlib.util, os, signal, sys, weakref
@@ -41,7 +42,8 @@ main()
 
 
 def run(mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          preexec_fn=default_sigint)  # as a terminal starts it, even under a run that ignores SIGINT
 
 
 def test_a_press_swallowed_during_import_still_stops_the_cli_saying_nothing_ran():

@@ -234,16 +234,20 @@ def test_the_checkpoint_module_imports_first_without_a_cycle():
     assert out.returncode == 0 and "DeepseekV2ForCausalLM" in out.stdout, out.stderr
 
 
-def test_the_directory_passes_the_gate_through_the_config_path(compose_cfg, tmp_path):
-    """``model.weights=hf_dir``, as a user runs it: loads, and vs_transformers (YaRN + experts) and vs_reference pass."""
+@pytest.mark.parametrize("backend", ["fx", pytest.param("aot", marks=pytest.mark.slow)])
+def test_the_directory_passes_the_gate_through_the_config_path(compose_cfg, tmp_path, backend):
+    """``model.weights=hf_dir``, as a user runs it: loads, and vs_transformers (YaRN + experts) and vs_reference pass.
+    On fx in the default run; on aot (the shipped default backend: a cold build of every DeepSeek layer program,
+    about 5 min on 2 cores) in CI's slow aot step."""
     from fuelpipe.runner.job import run_job
 
     path = save(tmp_path)
     cfg = compose_cfg(["model.family=deepseek_v2", "model.weights=hf_dir", f"model.path={path}", "kv=latent",
-                       "experiment=smoke", "experiment.oracles.vs_transformers.enabled=true",
+                       f"backend={backend}", "experiment=smoke", "experiment.oracles.vs_transformers.enabled=true",
                        "experiment.oracles.vs_reference.enabled=true"], tiny=False)
     doc = run_job(cfg)
     assert doc["status"] == "ok", doc.get("reasons")
+    assert doc["config"]["backend"]["name"] == backend
     verdicts = {o["name"]: o for o in doc["oracles"]}
     assert verdicts["vs_transformers"]["passed"] and not verdicts["vs_transformers"].get("skipped")
     assert verdicts["vs_reference"]["passed"]

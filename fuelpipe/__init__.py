@@ -3,6 +3,9 @@
 ``fuelpipe.load(name_or_path)`` gives a ``TextModel`` (``fuelpipe.api``); it is imported on first use, so
 ``import fuelpipe`` stays free of torch.
 """
+from fuelpipe.child_process import ignore_sigint_if_asked
+
+ignore_sigint_if_asked()  # first: a pool's worker ignores a terminal's Ctrl-C while its imports run
 __version__ = "0.1.0"
 
 _API = ("load", "TextModel", "Completion")

@@ -16,7 +16,10 @@ instead, and the log says why: a broken pool costs time, never a check.
 
 Each worker leads its own process group, dies with this process (Linux), and is stopped with everything it
 started (its C++ compilers) when this process is interrupted: a terminal's Ctrl-C reaches only this
-process, which then kills the groups.
+process, which then kills the groups. A worker is born in this process's group, where a Ctrl-C reaches it
+until its start-up imports (seconds on a loaded machine) have run the initializer: it ignores SIGINT from
+its first ``import fuelpipe`` on (``workers_ignore_sigint``), so no ``KeyboardInterrupt`` traceback of its
+start-up reaches the terminal.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import signal
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Generic, Mapping, Optional, TypeVar
 
-from fuelpipe.child_process import die_with_parent
+from fuelpipe.child_process import die_with_parent, workers_ignore_sigint
 from fuelpipe.errors import ConfigError
 from fuelpipe.plan import build_tally, cache_ledger
 from fuelpipe.threads import usable_cores
@@ -51,6 +54,7 @@ def worker_count(compiling_jobs: int, on_cpu: bool) -> int:
 
 def _start_worker() -> None:
     os.setpgrp()  # its own group: a terminal's Ctrl-C is the parent's; the parent kills the group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, from its first import of fuelpipe)
     die_with_parent()
     os.environ["FUELPIPE_QUIET"] = "1"  # no progress lines of its own on the parent's terminal
 
@@ -85,7 +89,9 @@ class CheckPool(Generic[J]):
         try:
             self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                                 initializer=_start_worker)
-            self._futures = {self._pool.submit(_run_counted, check, job): name for name, job in self._jobs.items()}
+            with workers_ignore_sigint():  # submit starts the workers (spawn)
+                self._futures = {self._pool.submit(_run_counted, check, job): name
+                                 for name, job in self._jobs.items()}
         except BaseException:  # Ctrl-C while the workers start: none is left behind
             self.cancel()
             raise

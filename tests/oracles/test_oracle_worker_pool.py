@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
 from fuelpipe.oracles import config_variants
 from fuelpipe.oracles.registry import ORACLES
-from fuelpipe.oracles.worker_pool import run_checks, worker_count
+from fuelpipe.child_process import WORKER_IGNORES_SIGINT
+from fuelpipe.oracles.worker_pool import CheckPool, run_checks, worker_count
 from fuelpipe.plan import build_tally
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
@@ -49,6 +53,53 @@ def test_a_check_that_raises_in_a_worker_raises_here():
 
 def _one_over(n: int) -> dict:
     return {"x": 1 / n}
+
+
+def _ignores_sigint(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a process's signal dispositions in /proc")
+def test_a_ctrl_c_reaching_starting_workers_neither_kills_them_nor_prints_a_traceback(capfd, caplog):
+    """A worker is born in this process's group, so a terminal's Ctrl-C reaches it until its start-up
+    imports (seconds on a loaded machine) have run the initializer. From its first ``import fuelpipe`` on
+    (milliseconds after its interpreter starts) it ignores SIGINT: SIGINT sent over and over from then on,
+    through its imports, and each worker still answers its check and nothing is printed."""
+    with caplog.at_level(logging.WARNING, logger="fuelpipe.oracles.worker_pool"):
+        pool = CheckPool(_square_where, {"a": 2, "b": 3}, workers=2)
+        workers = [proc.pid for proc in pool._pool._processes.values()]
+        assert len(workers) == 2
+        deadline = time.monotonic() + 60
+        while not all(_ignores_sigint(pid) for pid in workers):
+            assert time.monotonic() < deadline, "the workers never came to ignore SIGINT"
+            time.sleep(0.002)
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            for pid in workers:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        got = pool.results()
+    assert [{k: v for k, v in r.items() if k != "pid"} for r in got.values()] == [_square(2), _square(3)]
+    assert all(r["pid"] in workers for r in got.values()), "a check fell back to this process: a worker died"
+    assert caplog.text == ""
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def _sigint_disposition(_: int) -> dict:
+    return {"ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
+
+
+def test_only_the_workers_ignore_sigint_and_the_variable_asking_them_is_gone_after():
+    before = signal.getsignal(signal.SIGINT)
+    got = run_checks(_sigint_disposition, {"a": 0, "b": 1}, workers=2)
+    assert got == {"a": {"ignored": True}, "b": {"ignored": True}}
+    assert WORKER_IGNORES_SIGINT not in os.environ and signal.getsignal(signal.SIGINT) == before
 
 
 def test_worker_count_one_per_usable_core_and_compiling_check(monkeypatch):

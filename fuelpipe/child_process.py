@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -16,6 +15,8 @@ WORKER_IGNORES_SIGINT = "FUELPIPE_WORKER_IGNORES_SIGINT"
 def die_with_parent() -> None:
     """Linux: the kernel sends this process SIGKILL when its parent dies (no-op elsewhere)."""
     if sys.platform.startswith("linux"):
+        import ctypes  # here: ``import fuelpipe`` reads this module first thing and stays light
+
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 

@@ -54,7 +54,6 @@ def worker_count(compiling_jobs: int, on_cpu: bool) -> int:
 
 def _start_worker() -> None:
     os.setpgrp()  # its own group: a terminal's Ctrl-C is the parent's; the parent kills the group
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, from its first import of fuelpipe)
     die_with_parent()
     os.environ["FUELPIPE_QUIET"] = "1"  # no progress lines of its own on the parent's terminal
 

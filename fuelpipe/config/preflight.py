@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
+from hydra.core.object_type import ObjectType
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -84,16 +85,32 @@ def preflight(
         return Preflight([], multirun, str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
 
 
-@dataclass(frozen=True)
 class _GroupOptions:
-    """The options of a config group, searched where the run will search (hydra.searchpath included)."""
+    """The options of a config group, searched where the run will search (hydra.searchpath included).
 
-    config_name: str
-    searchpath_overrides: list[str]
+    The search repository is built once per command line (building it loads the primary config: about
+    0.1 s, which a call per override made seconds) and each group's answer is kept.
+    """
+
+    def __init__(self, config_name: str, searchpath_overrides: list[str]):
+        self.config_name = config_name
+        self.searchpath_overrides = searchpath_overrides
+        self._repo = None
+        self._options: dict[str, list[str]] = {}
 
     def __call__(self, group: str) -> list[str]:
+        if group not in self._options:
+            self._options[group] = self._lookup(group)
+        return self._options[group]
+
+    def _lookup(self, group: str) -> list[str]:
         loader = GlobalHydra.instance().config_loader()
         try:
+            if self._repo is None and hasattr(loader, "_parse_overrides_and_create_caching_repo"):
+                _, self._repo = loader._parse_overrides_and_create_caching_repo(
+                    self.config_name, self.searchpath_overrides)
+            if self._repo is not None:
+                return self._repo.get_group_options(group, ObjectType.CONFIG)
             return loader.get_group_options(group, config_name=self.config_name, overrides=self.searchpath_overrides)
         except HydraException:
             return []  # the primary config itself is missing: compose reports that

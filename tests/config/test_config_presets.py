@@ -13,8 +13,13 @@ PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 STUDY_SIZES = {
     "bench_peers": ["experiment.peers.prompt_tokens=8", "experiment.peers.new_tokens=3", "experiment.peers.reps=1",
                     "experiment.peers.backends=[eager]", "experiment.peers.kv_layouts=[contiguous]",
-                    "experiment.peers.llama_cpp=false"],
+                    "experiment.peers.llama_cpp=false", "experiment.peers.transformers=[dynamic]",
+                    "experiment.peers.quantized=[int8]", "experiment.peers.quantized_backends=[fx]"],
     "bench_context": ["experiment.context.lengths=[4,8]", "experiment.context.tokens=1"],
+    "bench_batch": ["experiment.bench_batch.batch_sizes=[1,2]", "experiment.bench_batch.new_tokens=4",
+                    "experiment.bench_batch.kv_layouts=[paged]", "experiment.bench_batch.transformers=[padded]",
+                    "experiment.bench_batch.llama_cpp=false", "experiment.bench_batch.continuous.requests=3",
+                    "experiment.bench_batch.continuous.new_tokens=[4]"],
 }
 
 

@@ -209,6 +209,7 @@ def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_cont
     from fuelpipe.oracles.base import OracleResult
     from fuelpipe.oracles.registry import OracleSpec, Tolerance
     from fuelpipe.runner.job import run_job
+    from fuelpipe.runner.oracles import enabled_oracles
 
     def run(inp) -> OracleResult:
         result = plan_vs_replan.run(inp)
@@ -220,15 +221,20 @@ def test_an_oracle_registered_from_outside_joins_the_gate_with_its_negative_cont
     spec = OracleSpec("outside_parity", run, Tolerance.BIT_EXACT, Fault.STALE_OFFSET, enabled_by_default=True)
     ORACLES.register(spec)
     register_configs()  # the schema now holds experiment.oracles.outside_parity
+    lean = ["experiment=smoke", "oracles=none", "experiment.oracles.outside_parity.enabled=true",
+            "experiment.bench.enabled=false"]
     try:
-        doc = run_job(compose_cfg(["experiment=smoke"]))
+        # It joins the gate (the list run_job runs), and its enabled switch takes it out again ...
+        assert "outside_parity" in enabled_oracles(compose_cfg(["experiment=smoke"]).experiment)
+        off = compose_cfg(["experiment=smoke", "experiment.oracles.outside_parity.enabled=false"]).experiment
+        assert "outside_parity" not in enabled_oracles(off) and "plan_vs_replan" in enabled_oracles(off)
+        # ... and runs: passing on the healthy path, failing with its fault under the negative control.
+        doc = run_job(compose_cfg(lean))
         ours = [o for o in doc["oracles"] if o["name"] == "outside_parity"]
-        assert len(ours) == 1 and ours[0]["passed"], ours
-        control = run_job(compose_cfg(["experiment=smoke", "experiment.negative_control=true"]))
+        assert len(ours) == 1 and ours[0]["passed"] and doc["status"] == "ok", ours
+        control = run_job(compose_cfg([*lean, "experiment.negative_control=true"]))
         ours = [o for o in control["oracles"] if o["name"] == "outside_parity"]
         assert ours and not ours[0]["passed"] and ours[0]["fault"] == Fault.STALE_OFFSET.value
-        off = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.outside_parity.enabled=false"]))
-        assert "outside_parity" not in [o["name"] for o in off["oracles"]]
     finally:
         ORACLES.unregister("outside_parity")
         register_configs()
@@ -249,16 +255,21 @@ def test_an_oracle_that_passes_under_its_negative_control_makes_the_run_uncaught
 
     ORACLES.register(OracleSpec("toothless", toothless, Tolerance.BIT_EXACT, Fault.STALE_OFFSET, enabled_by_default=True))
     register_configs()
+    # The toothless oracle beside one working one (the whole gate adds nothing to the question, only minutes).
+    lean = ["experiment=smoke", "oracles=none", "experiment.oracles.toothless.enabled=true",
+            "experiment.oracles.plan_vs_replan.enabled=true", "experiment.bench.enabled=false"]
     try:
-        assert run_job(compose_cfg(["experiment=smoke"]))["status"] == "ok"  # passing normally is fine
-        doc = run_job(compose_cfg(["experiment=smoke", "experiment.negative_control=true"]))
-        assert doc["status"] == UNCAUGHT and EXIT_CODES[UNCAUGHT] == 4  # although every other oracle failed
+        assert run_job(compose_cfg(lean))["status"] == "ok"  # passing normally is fine
+        doc = run_job(compose_cfg([*lean, "experiment.negative_control=true"]))
+        assert [o["name"] for o in doc["oracles"]] == ["plan_vs_replan", "toothless"]
+        assert doc["status"] == UNCAUGHT and EXIT_CODES[UNCAUGHT] == 4  # although the other oracle failed
+        assert not doc["oracles"][0]["passed"]
         assert doc["reasons"] == ["oracle toothless did not catch its injected fault 'stale_offset': "
                                   "its negative control passed"]
         assert "PASS (fault NOT caught)" in render(doc)
-        one = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.toothless.inject_fault=true"]))
+        one = run_job(compose_cfg([*lean, "experiment.oracles.toothless.inject_fault=true"]))
         assert one["status"] == UNCAUGHT
-        caught = run_job(compose_cfg(["experiment=smoke", "experiment.oracles.plan_vs_replan.inject_fault=true"]))
+        caught = run_job(compose_cfg([*lean, "experiment.oracles.plan_vs_replan.inject_fault=true"]))
         assert caught["status"] == "failed" and caught["reasons"] == []
     finally:
         ORACLES.unregister("toothless")

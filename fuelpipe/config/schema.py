@@ -176,6 +176,9 @@ class ExperimentConfig:
     new_tokens: int = 8  # decode tokens per oracle run
     seed: int = 0  # torch's global seed for the job
     negative_control: bool = False  # inject every enabled oracle's fault (each must then fail)
+    # Stop the oracles at the first one that fails (pytest's -x): the rest are recorded as skipped, not
+    # run, and the run's status is the failure's. A gate that only needs "is anything wrong" answers sooner.
+    fail_fast: bool = False
     # Oracles whose question the weights cannot change run on the family's tiny twin (fuelpipe/runner/twin.py)
     # when the model is a checkpoint or a larger size; false: every oracle on the model itself.
     mechanism_on_twin: bool = True

@@ -305,6 +305,9 @@ def _experiment(exp: DictConfig, dtype: str, model_cfg: Optional[Any]) -> list[s
     enabled = enabled_oracles(exp.oracles, exp.oracles_by_default)
     if not enabled and not exp.bench.enabled and exp.generate.enabled is not True and not enabled_stages(exp):
         reasons.append("the experiment runs nothing: every oracle, the benchmark and every stage are disabled")
+    if exp.fail_fast and exp.negative_control:
+        reasons.append("experiment.fail_fast=true stops at the first failing oracle, but experiment.negative_control=true "
+                       "needs every oracle to run and fail: set one of them false")
     if not exp.prompts or any(len(p) == 0 for p in exp.prompts):
         reasons.append("experiment.prompts must hold at least one non-empty prompt")
     elif "request_isolation" in enabled and len(exp.prompts) < 2:

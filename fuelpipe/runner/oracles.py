@@ -7,7 +7,7 @@ from typing import Iterable
 from omegaconf import DictConfig
 
 from fuelpipe.config.validate import batch_spec
-from fuelpipe.oracles.base import OracleResult
+from fuelpipe.oracles.base import OracleResult, skipped
 from fuelpipe.oracles.execute import execute, numeric_form, tolerance_for
 from fuelpipe.oracles.registry import ORACLES, OracleSpec, oracle_settings
 from fuelpipe.oracles.registry import enabled_oracles as registry_enabled
@@ -21,11 +21,23 @@ def enabled_oracles(exp: DictConfig) -> list[str]:
 
 
 def run_oracles(cfg: DictConfig, asm: Assembly, names: Iterable[str]) -> Iterable[OracleResult]:
-    """Yield one result per oracle (a generator, so a caller can show progress)."""
+    """Yield one result per oracle (a generator, so a caller can show progress).
+
+    With ``experiment.fail_fast`` the oracles after the first failure are not run: each is yielded as
+    skipped, naming the failure that stopped the gate.
+    """
     names = list(names)
+    stopped_by = None
     for i, name in enumerate(names):
+        if stopped_by is not None:
+            yield skipped(name, f"not run: experiment.fail_fast stopped the gate at {stopped_by}'s failure")
+            continue
         log.info("phase: oracle %s (%d/%d)", name, i + 1, len(names))
-        yield run_one(cfg, asm, ORACLES.get(name))
+        result = run_one(cfg, asm, ORACLES.get(name))
+        if cfg.experiment.fail_fast and not result.passed and not result.skipped:
+            stopped_by = name
+            log.info("fail_fast: %s failed; the %d oracles after it are not run", name, len(names) - i - 1)
+        yield result
 
 
 def run_one(cfg: DictConfig, asm: Assembly, spec: OracleSpec) -> OracleResult:

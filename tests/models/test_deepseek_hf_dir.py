@@ -238,7 +238,7 @@ def test_the_checkpoint_module_imports_first_without_a_cycle():
 def test_the_directory_passes_the_gate_through_the_config_path(compose_cfg, tmp_path, backend):
     """``model.weights=hf_dir``, as a user runs it: loads, and vs_transformers (YaRN + experts) and vs_reference pass.
     On fx in the default run; on aot (the shipped default backend: a cold build of every DeepSeek layer program,
-    about 5 min on 2 cores) in CI's slow aot step."""
+    about 5 min on 2 cores) by hand (-m slow; CI's 90 minutes do not hold it)."""
     from fuelpipe.runner.job import run_job
 
     path = save(tmp_path)

@@ -50,11 +50,12 @@ class QuantKind(enum.Enum):
 
 class ActivationForm(enum.Enum):
     """How a low-bit linear takes its activations (``weights.activations``): as f32, or quantized per
-    32-element block to 16 bits (integer dot products in the kernel; see ``fuelpipe.quant``)."""
+    32-element block to 16 or 8 bits (integer dot products in the kernel; see ``fuelpipe.quant``)."""
 
     auto = "auto"  # int16 for int8 / int4 weights, f32 for the others
     f32 = "f32"
     int16 = "int16"
+    int8 = "int8"  # opt-in: half the integer work of int16 per block, steps 258x coarser (max|x| / 127)
 
 
 class CachePolicy(enum.Enum):

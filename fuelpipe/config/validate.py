@@ -70,8 +70,9 @@ def resolve_device(device: Device) -> torch.device:
 def _weights(cfg: DictConfig) -> list[str]:
     w = cfg.weights
     kind = "null" if w.dtype is None else w.dtype.value
-    if w.activations.value == "int16" and kind not in ("int8", "int4"):
-        return [f"weights.activations=int16 needs weights.dtype=int8 or int4 (integer dot products), got {kind}"]
+    if w.activations.value in ("int16", "int8") and kind not in ("int8", "int4"):
+        return [f"weights.activations={w.activations.value} needs weights.dtype=int8 or int4 (integer dot products), "
+                f"got {kind}"]
     if w.dtype is None or w.dtype.value == "f32" and cfg.model.dtype.value == "float32":
         return []
     reasons = []

@@ -48,7 +48,7 @@ class PeersConfig:
 
 
 
-QUANTIZED_ROWS = ["bf16", "int8", "int4", "int8:f32", "int4:f32", "int8:int16", "int4:int16"]
+QUANTIZED_ROWS = ["bf16", "int8", "int4", "int8:f32", "int4:f32", "int8:int16", "int4:int16", "int8:int8", "int4:int8"]
 
 
 def validate(p) -> list[str]:

@@ -1,6 +1,6 @@
 """Compile and load fuelpipe's C++ operators once per machine.
 
-``quant_gemv.cpp`` / ``quant_a16.cpp``: low-bit weight products (f32 / 16-bit activations); ``f32_panels.cpp``: f32 linears on
+``quant_gemv.cpp`` / ``quant_a16.cpp`` / ``quant_a8.cpp``: low-bit weight products (f32 / 16-bit / 8-bit activations); ``f32_panels.cpp``: f32 linears on
 panel-packed weights (``fuelpipe.plan.panels``); ``f32_rows.cpp``: f32 linears on the model's own row-major
 weights (``fuelpipe.plan.rows_linear``); ``slot_attention.cpp``: batch-slot attention. One library, ``torch.ops.fuelpipe_kernels``.
 
@@ -37,13 +37,13 @@ from fuelpipe.errors import ConfigError, FuelpipeError
 from fuelpipe.progress import waiting
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in (
-    "quant_gemv.cpp", "quant_a16.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("vector_path.h", "quant_common.h", "quant_a16_avx512.h",
+    "quant_gemv.cpp", "quant_a16.cpp", "quant_a8.cpp", "f32_panels.cpp", "f32_rows.cpp", "slot_attention.cpp"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("vector_path.h", "quant_common.h", "quant_rows.h", "quant_a16_avx512.h",
                                                           "quant_a16_tiles.h", "f32_rows_avx512.h", "f32_rows_chain.h"))
 # The sources compile as two translation units, one per core of a small machine: each C++ file spends
 # most of its compile in torch's headers, so two units parse them twice instead of four times (a cold
 # build 27 s -> 12.5 s on 2 cores). The units are generated in the build folder and only #include the sources.
-UNITS = (("unit_quant.cpp", ("quant_gemv.cpp", "quant_a16.cpp", "slot_attention.cpp")), ("unit_f32.cpp", ("f32_panels.cpp", "f32_rows.cpp")))
+UNITS = (("unit_quant.cpp", ("quant_gemv.cpp", "quant_a16.cpp", "quant_a8.cpp", "slot_attention.cpp")), ("unit_f32.cpp", ("f32_panels.cpp", "f32_rows.cpp")))
 LIBRARY = "fuelpipe_kernels"
 _LOCK = threading.Lock()
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ def _has_ops() -> bool:
     try:
         torch.ops.fuelpipe_kernels.q4_gemv.default
         torch.ops.fuelpipe_kernels.q4_gemv_a16.default
+        torch.ops.fuelpipe_kernels.q4_gemv_a8.default
         torch.ops.fuelpipe_kernels.f32_panel_linear.default
         torch.ops.fuelpipe_kernels.f32_rows_linear.default
         torch.ops.fuelpipe_kernels.f32_rows_chain_linear.default
@@ -193,6 +194,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("fuelpipe_kernels::q4_gemv")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::q8_gemv_a16")(lambda x, q, scales, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::q4_gemv_a16")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::q8_gemv_a8")(lambda x, q, scales, bias: out(x, q.shape[0]))
+    torch.library.register_fake("fuelpipe_kernels::q4_gemv_a8")(lambda x, q, scales, mins, bias: out(x, q.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::bf16_gemv")(lambda x, w, bias: out(x, w.shape[0]))
     torch.library.register_fake("fuelpipe_kernels::f32_panel_linear")(lambda x, panels, n, bias: out(x, n))
     for name in ("f32_rows_linear", "f32_rows_chain_linear"):

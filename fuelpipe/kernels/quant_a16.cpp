@@ -17,6 +17,7 @@
 
 #include "quant_a16_avx512.h"
 #include "quant_common.h"
+#include "quant_rows.h"
 
 namespace {
 
@@ -265,58 +266,18 @@ float q4_row_a16(Path p, const uint8_t* q, const S* s, const S* mn, int64_t K, i
 // The 256-bit 4-bit blocks read their activations in the unpacking's order (permute_for_q4).
 inline bool q4_permuted(Path p) { return p == Path::avx2 || p == Path::avx_vnni; }
 
-// A thread's run of output rows is walked as kStreams equal stretches in lockstep, one row of each in turn:
-// several distant weight streams in flight, which the hardware prefetchers serve better than one (as
-// f32_rows.cpp). Measured on a 2-core Xeon (AVX-512, 480 MiB L3), SmolLM2-135M's 30 layers of linears,
-// interleaved in one process: int8 6.5 -> 4.4 ms per token at 2 threads, 12.1 -> 8.6 at 1; 2, 6 and 8
-// stretches were slower than 4. A row's result does not depend on the order rows are taken in.
-constexpr int kStreams = 4;
-
-// Quantizes every activation row, then runs row_fn(n, xq_row, dx_row, xs_row) for each output. Where
-// `tiled`, the kStreams rows a lockstep step visits run as one tile instead:
-// tile_fn(rows[kStreams], xq_row, dx_row, xs_row, scratch, values[kStreams]), scratch 2 * kStreams * K / 32.
-// q4_order: lay each block out for q4_block_a16 (the 256-bit 4-bit paths).
+// Quantizes every activation row (permuted for q4_block_a16 where q4_order: the 256-bit 4-bit paths), then
+// runs the rows through run_quantized_rows (quant_rows.h).
 template <typename RowFn, typename TileFn>
-at::Tensor run_rows_a16(const at::Tensor& x_in, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, bool q4_order,
+at::Tensor run_rows_a16(const at::Tensor& x, int64_t N, int64_t K, const c10::optional<at::Tensor>& bias, bool q4_order,
                         RowFn row_fn, bool tiled, TileFn tile_fn) {
-  const at::Tensor x = x_in.contiguous();
-  at::Tensor out = out_like(x, N);
-  const int64_t M = x.numel() / K, nb = K / kBlock;
-  std::vector<int16_t> xq(M * K);
-  std::vector<float> dx(M * nb), xs(M * nb);
-  const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row_a16(xp + m * K, K, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb);
+  auto quantize = [q4_order](const float* xr, int64_t k, int16_t* xq, float* dx, float* xs) {
+    quantize_row_a16(xr, k, xq, dx, xs);
 #ifdef FUELPIPE_HAS_AVX2
-  if (q4_order) permute_for_q4(xq.data(), M * K);
+    if (q4_order) permute_for_q4(xq, k);
 #endif
-  float* op = out.data_ptr<float>();
-  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();  // kept alive for the pointer
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto one_row = [&](int64_t n) {
-    for (int64_t m = 0; m < M; ++m) {
-      float v = row_fn(n, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb);
-      op[m * N + n] = bp ? v + bp[n] : v;
-    }
   };
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    const int64_t per = (end - begin) / kStreams;
-    std::vector<float> scratch(tiled ? 2 * kStreams * nb : 0);
-    for (int64_t i = 0; i < per; ++i) {
-      if (!tiled) {
-        for (int s = 0; s < kStreams; ++s) one_row(begin + s * per + i);
-        continue;
-      }
-      int64_t rows[kStreams];
-      for (int s = 0; s < kStreams; ++s) rows[s] = begin + s * per + i;
-      for (int64_t m = 0; m < M; ++m) {
-        float v[kStreams];
-        tile_fn(rows, xq.data() + m * K, dx.data() + m * nb, xs.data() + m * nb, scratch.data(), v);
-        for (int s = 0; s < kStreams; ++s) op[m * N + rows[s]] = bp ? v[s] + bp[rows[s]] : v[s];
-      }
-    }
-    for (int64_t n = begin + kStreams * per; n < end; ++n) one_row(n);
-  });
-  return out;
+  return run_quantized_rows<int16_t>(x, N, K, bias, quantize, row_fn, tiled, tile_fn);
 }
 
 // Whether a product runs its lockstep rows as tiles: the 256-bit paths at group size 32.

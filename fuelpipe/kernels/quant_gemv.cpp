@@ -365,6 +365,8 @@ TORCH_LIBRARY(fuelpipe_kernels, m) {
   m.def("q4_gemv(Tensor x, Tensor q, Tensor scales, Tensor mins, Tensor? bias) -> Tensor");
   m.def("q8_gemv_a16(Tensor x, Tensor q, Tensor scales, Tensor? bias) -> Tensor");
   m.def("q4_gemv_a16(Tensor x, Tensor q, Tensor scales, Tensor mins, Tensor? bias) -> Tensor");
+  m.def("q8_gemv_a8(Tensor x, Tensor q, Tensor scales, Tensor? bias) -> Tensor");
+  m.def("q4_gemv_a8(Tensor x, Tensor q, Tensor scales, Tensor mins, Tensor? bias) -> Tensor");
   m.def("bf16_gemv(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("vector_path() -> str");
   m.def("vector_paths() -> str[]");

@@ -17,10 +17,11 @@ log = logging.getLogger(__name__)
 
 def numeric_form(dtype: str, model) -> str:
     """The key of a model's max-abs tolerances: its dtype (``float32``, ``bfloat16``), or
-    ``int16_activations`` when its low-bit kernels quantize activations (``weights.activations=int16``)."""
+    ``int16_activations`` / ``int8_activations`` when its low-bit kernels quantize activations
+    (``weights.activations=int16`` / ``int8``)."""
     fmt = getattr(model, "weight_format", None)
-    activations = getattr(fmt, "activations", None)
-    return "int16_activations" if getattr(activations, "value", None) == "int16" else dtype
+    activations = getattr(getattr(fmt, "activations", None), "value", None)
+    return f"{activations}_activations" if activations in ("int16", "int8") else dtype
 
 
 def tolerance_for(spec: OracleSpec, tolerances: Mapping[str, float], form: str) -> Optional[float]:

@@ -8,6 +8,7 @@ every output element with the readable statement of what it computes:
 
 * ``q8_gemv`` / ``q4_gemv`` / ``bf16_gemv``: ``F.linear(x, formats.dequantize(w), bias)``;
 * ``q8_gemv_a16`` / ``q4_gemv_a16``: ``F.linear(formats.round_trip_activations(x), formats.dequantize(w), bias)``;
+* ``q8_gemv_a8`` / ``q4_gemv_a8``: the same with ``round_trip_activations(x, bits=8)``;
 * ``f32_rows_linear`` / ``f32_rows_chain_linear`` / ``f32_panel_linear``: ``F.linear(x, w, bias)``
   (a fused list of parts is their concatenation; panels are ``plan.panels.pack_panels``);
 * ``slot_attention``: ``fuelpipe.kv.slot_attention.slot_attention`` (the readable form).
@@ -26,6 +27,7 @@ the f32 unit roundoff; first order in u):
   activations. Probe weights (one nonzero code per row) make each output one
   activation code times one weight, so a code off by one anywhere moves that
   output by at least 1/32767 of it, against a bound of about 10 u (~6e-7).
+* 8-bit activations: the same bound and the same argument, at steps ``max|x| / 127``.
 * slot attention: a score's error is at most ``E = (D + 2) u scale sum|q k| + u |s|``;
   through the softmax and the weighted sum over the n attended slots the
   output's error is at most ``(4 E + (2 n + 8) u) max_j |v_j|``.
@@ -81,6 +83,7 @@ _A16_PATHS = ("scalar", "avx2", "avx_vnni", "avx512")
 _BASE_PATHS = ("scalar", "avx2")
 _F32_ROWS_PATHS = ("scalar", "avx2", "avx512")  # avx512: two rows of x per register (several rows only)
 PATHS_OF_KERNEL = {"q8_gemv": _BASE_PATHS, "q4_gemv": _BASE_PATHS, "q8_gemv_a16": _A16_PATHS, "q4_gemv_a16": _A16_PATHS,
+                   "q8_gemv_a8": _BASE_PATHS, "q4_gemv_a8": _BASE_PATHS,
                    "bf16_gemv": _BASE_PATHS, "f32_panel_linear": _BASE_PATHS, "f32_rows_linear": _F32_ROWS_PATHS,
                    "f32_rows_chain_linear": _BASE_PATHS, "slot_attention": _BASE_PATHS}
 
@@ -135,10 +138,11 @@ def _linear_reference(x: torch.Tensor, w: torch.Tensor, w_abs: torch.Tensor, bia
     return F.linear(x.double(), w.double(), b64), (chain + 8) * U * mag
 
 
-def _quant_reference(x: torch.Tensor, p: PackedWeight, w_abs: torch.Tensor, bias: Optional[torch.Tensor], a16: bool):
-    """The readable low-bit product: dequantized weights, and round-tripped activations on the 16-bit path."""
-    if a16:
-        return _linear_reference(formats.round_trip_activations(x), formats.dequantize(p), w_abs, bias,
+def _quant_reference(x: torch.Tensor, p: PackedWeight, w_abs: torch.Tensor, bias: Optional[torch.Tensor],
+                     bits: Optional[int]):
+    """The readable low-bit product: dequantized weights, and round-tripped activations on the 16- / 8-bit paths."""
+    if bits:
+        return _linear_reference(formats.round_trip_activations(x, bits), formats.dequantize(p), w_abs, bias,
                                  x.shape[-1] // BLOCK)
     return _linear_reference(x, formats.dequantize(p), w_abs, bias, x.shape[-1])
 
@@ -172,15 +176,15 @@ class _Grid:
 
     # ---- activations ----------------------------------------------------------------------------
 
-    def block(self, kind: str) -> torch.Tensor:
-        """One 32-element activation block of the given kind (see ``BLOCK_KINDS``)."""
+    def block(self, kind: str, levels: int = 32767) -> torch.Tensor:
+        """One 32-element activation block of the given kind (see ``BLOCK_KINDS``), for codes of ``levels``."""
         at = int(self.randint(0, BLOCK, 1))
         if kind == "zero":
             return torch.zeros(BLOCK)
         if kind == "ties":  # every element but the maximum sits exactly half-way between two codes
-            codes = self.randint(-20000, 20000, BLOCK).double()
+            codes = self.randint(-(levels * 6) // 10, (levels * 6) // 10, BLOCK).double()
             x = ((codes + 0.5) * TIE_STEP).float()
-            x[at] = (1.0 if at % 2 else -1.0) * 32767 * TIE_STEP
+            x[at] = (1.0 if at % 2 else -1.0) * levels * TIE_STEP
             return x
         if kind == "spike":  # one large element; the rest far below it
             x = 1e-3 * self.randn(BLOCK)
@@ -193,10 +197,10 @@ class _Grid:
             x[at] = -top
         return x
 
-    def activations(self, m: int, k: int) -> torch.Tensor:
+    def activations(self, m: int, k: int, levels: int = 32767) -> torch.Tensor:
         """[m, k]: row r's block b of kind ``BLOCK_KINDS[(b + r) % 5]``, so every kind lands on every block
         position (the last one included) across the rows; a row of fewer than 5 blocks still sees several kinds."""
-        rows = [torch.cat([self.block(BLOCK_KINDS[(b + r) % len(BLOCK_KINDS)]) for b in range(k // BLOCK)])
+        rows = [torch.cat([self.block(BLOCK_KINDS[(b + r) % len(BLOCK_KINDS)], levels) for b in range(k // BLOCK)])
                 for r in range(m)]
         return torch.stack(rows)
 
@@ -237,14 +241,22 @@ def _one_per_row(values: torch.Tensor, k: int) -> torch.Tensor:
     return codes
 
 
-def _quant_call(ops, kind: QuantKind, a16: bool, x: torch.Tensor, p: PackedWeight, bias):
+_TAIL = {None: "", 16: "_a16", 8: "_a8"}  # activation bits -> the operator's suffix
+
+
+def _quant_call(ops, kind: QuantKind, bits: Optional[int], x: torch.Tensor, p: PackedWeight, bias):
     if kind is QuantKind.int8:
-        return (ops.q8_gemv_a16 if a16 else ops.q8_gemv)(x, p.q, p.scales, bias)
-    return (ops.q4_gemv_a16 if a16 else ops.q4_gemv)(x, p.q, p.scales, p.mins, bias)
+        return getattr(ops, f"q8_gemv{_TAIL[bits]}")(x, p.q, p.scales, bias)
+    return getattr(ops, f"q4_gemv{_TAIL[bits]}")(x, p.q, p.scales, p.mins, bias)
+
+
+def _levels(bits: Optional[int]) -> int:
+    return formats.ACT8_LEVELS if bits == 8 else formats.ACT_LEVELS
 
 
 def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
-    """q8/q4, f32 and 16-bit activations: every K x group x scale dtype x kind, over ``SHAPES``, then a probe."""
+    """q8/q4, f32, 16- and 8-bit activations: every K x group x scale dtype x kind, over ``SHAPES``, then a probe
+    per integer activation form."""
     for k, g, sdtype, kind in itertools.product(ks, (32, 64), (torch.float16, torch.float32),
                                                 (QuantKind.int8, QuantKind.int4)):
         if k % g:
@@ -254,20 +266,21 @@ def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
         for m, n, with_bias in SHAPES:
             p, w_abs = grid.packed(kind, n, k, g, sdtype)
             bias = grid.bias(n, with_bias)
-            for a16 in (False, True):
-                if (f"{op}_a16" if a16 else op) not in grid.kernels:
+            for bits in (None, 16, 8):
+                if op + _TAIL[bits] not in grid.kernels:
                     continue
-                x = grid.activations(m, k) if a16 else grid.randn(m, k)
-                grid.tally.check(f"{op}_a16" if a16 else op, f"{label} N={n} M={m} bias={with_bias}",
-                                 _quant_call(ops, kind, a16, grid.feed(x), p, bias),
-                                 _quant_reference, x, p, w_abs, bias, a16)
+                x = grid.activations(m, k, _levels(bits)) if bits else grid.randn(m, k)
+                grid.tally.check(op + _TAIL[bits], f"{label} N={n} M={m} bias={with_bias}",
+                                 _quant_call(ops, kind, bits, grid.feed(x), p, bias),
+                                 _quant_reference, x, p, w_abs, bias, bits)
         # Probe: one code per output, so each output is one activation code times one weight.
-        if f"{op}_a16" not in grid.kernels:
-            continue
-        p, w_abs = grid.packed(kind, len(probe_columns(k)), k, g, sdtype, probe=True)
-        x = grid.activations(3, k)
-        grid.tally.check(f"{op}_a16", f"probe {label}", _quant_call(ops, kind, True, grid.feed(x), p, None),
-                         _quant_reference, x, p, w_abs, None, True)
+        for bits in (16, 8):
+            if op + _TAIL[bits] not in grid.kernels:
+                continue
+            p, w_abs = grid.packed(kind, len(probe_columns(k)), k, g, sdtype, probe=True)
+            x = grid.activations(3, k, _levels(bits))
+            grid.tally.check(op + _TAIL[bits], f"probe {label}", _quant_call(ops, kind, bits, grid.feed(x), p, None),
+                             _quant_reference, x, p, w_abs, None, bits)
 
 
 def _f32_cases(grid: _Grid, ops, ks: list[int]) -> None:

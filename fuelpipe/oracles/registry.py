@@ -88,7 +88,9 @@ def _fx_passes(setup: Setup) -> Setup:
 # between two paths (another summation order in the reference, a batch GEMM against a GEMV) can move an
 # activation across a rounding boundary: one step, 2^-15 of its block's largest value. Measured on
 # SmolLM2 int8 and int4: up to 2.2e-4 of the logit scale between plan and reference, batch and solo.
-_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3}
+# ``int8_activations`` (weights.activations=int8): the same crossing is one step of max / 127, 258x
+# coarser. Measured on SmolLM2 int8: 2.1e-2 (vs_reference) and 2.4e-2 (vs_transformers).
+_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3, "int8_activations": 5e-2}
 
 
 def _builtin(name, run, tolerance: Tolerance, fault: Fault, fault_setup=None, *,

@@ -120,7 +120,8 @@ def _packed_ops() -> dict:
     ns = getattr(torch.ops, "fuelpipe_kernels", None)
     out = {}
     for name, weights in (("q8_gemv", (1, 2)), ("q4_gemv", (1, 2, 3)), ("q8_gemv_a16", (1, 2)),
-                          ("q4_gemv_a16", (1, 2, 3)), ("bf16_gemv", (1,))):
+                          ("q4_gemv_a16", (1, 2, 3)), ("q8_gemv_a8", (1, 2)), ("q4_gemv_a8", (1, 2, 3)),
+                          ("bf16_gemv", (1,))):
         try:
             out[getattr(ns, name).default] = weights
         except (AttributeError, RuntimeError):

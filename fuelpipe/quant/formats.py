@@ -49,19 +49,20 @@ class QuantSpec:
         integer = self.kind in (QuantKind.int8, QuantKind.int4)
         if self.activations is ActivationForm.auto:
             object.__setattr__(self, "activations", ActivationForm.int16 if integer else ActivationForm.f32)
-        elif self.activations is ActivationForm.int16 and not integer:
-            raise ConfigError(f"weights.activations=int16 needs int8 or int4 weights (integer dot products), "
-                              f"got weights.dtype={self.kind.value}")
+        elif activation_bits(self.activations) and not integer:
+            raise ConfigError(f"weights.activations={self.activations.value} needs int8 or int4 weights (integer dot "
+                              f"products), got weights.dtype={self.kind.value}")
 
     @property
     def quantized(self) -> bool:
         return self.kind is not QuantKind.f32
 
     def label(self) -> str:
-        """``int8/g32`` (f32 activations), ``int8/g32/a16`` (16-bit activations), ``bf16``, ``f32``."""
+        """``int8/g32`` (f32 activations), ``int8/g32/a16`` / ``int8/g32/a8`` (16- / 8-bit activations), ``bf16``, ``f32``."""
         if self.kind in (QuantKind.f32, QuantKind.bf16):
             return self.kind.value
-        tail = "/a16" if self.activations is ActivationForm.int16 else ""
+        bits = activation_bits(self.activations)
+        tail = f"/a{bits}" if bits else ""
         return f"{self.kind.value}/g{self.group_size}{tail}"
 
 
@@ -127,29 +128,39 @@ def dequantize_rows(kind: QuantKind, q: torch.Tensor, scales: Optional[torch.Ten
     return codes.float() * s + mins.float().repeat_interleave(group_size, dim=-1)
 
 
-# ---- activations at 16 bits (ActivationForm.int16): what the *_a16 kernels compute -----------------
+# ---- activations at 16 or 8 bits (ActivationForm.int16 / int8): what the *_a16 / *_a8 kernels compute ----
 
 ACT_LEVELS = 32767  # int16 codes in -32767..32767: symmetric, so -x quantizes to -(code of x)
+ACT8_LEVELS = 127  # int8 codes in -127..127, symmetric likewise
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """f32 [.., K] (K a multiple of 32) -> (codes int16 [.., K], steps f32 [.., K/32]).
+def activation_bits(form: ActivationForm) -> Optional[int]:
+    """16 or 8 for the integer activation forms, None for f32 (and ``auto``, before it is resolved)."""
+    return {ActivationForm.int16: 16, ActivationForm.int8: 8}.get(form)
 
-    Per 32-element block: ``step = max|x| / 32767``, ``code = round_half_even(x / step)`` (0 for an
-    all-zero block). A block with a non-finite element gets a NaN step, so its NaN reaches the output
-    as it would with f32 activations. The kernels compute the same codes and steps, element for element.
+
+def quantize_activations(x: torch.Tensor, bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """f32 [.., K] (K a multiple of 32) -> (codes int16 / int8 [.., K], steps f32 [.., K/32]).
+
+    Per 32-element block: ``step = max|x| / L``, ``code = round_half_even(x / step)`` (0 for an
+    all-zero block), L = 32767 at 16 bits and 127 at 8. A block with a non-finite element gets a NaN
+    step, so its NaN reaches the output as it would with f32 activations. The kernels compute the same
+    codes and steps, element for element.
     """
+    if bits not in (16, 8):
+        raise ConfigError(f"activations are quantized to 16 or 8 bits, got bits={bits!r}")
+    levels = ACT_LEVELS if bits == 16 else ACT8_LEVELS
     blocks = x.float().unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))  # [.., K/32, 32]
-    step = blocks.abs().amax(-1) / ACT_LEVELS  # [.., K/32]
+    step = blocks.abs().amax(-1) / levels  # [.., K/32]
     step = torch.where(torch.isfinite(blocks).all(-1), step, torch.full_like(step, float("nan")))
     safe = torch.where(step > 0, step, torch.ones_like(step))[..., None]
     codes = torch.where(step[..., None] > 0, torch.round(blocks / safe), torch.zeros_like(blocks))
-    return codes.clamp(-ACT_LEVELS, ACT_LEVELS).to(torch.int16).flatten(-2), step
+    return codes.clamp(-levels, levels).to(torch.int16 if bits == 16 else torch.int8).flatten(-2), step
 
 
-def round_trip_activations(x: torch.Tensor) -> torch.Tensor:
-    """The f32 activations an int16-activation kernel multiplies: code * step, per element."""
-    codes, step = quantize_activations(x)
+def round_trip_activations(x: torch.Tensor, bits: int = 16) -> torch.Tensor:
+    """The f32 activations an integer-activation kernel multiplies: code * step, per element."""
+    codes, step = quantize_activations(x, bits)
     return (codes.float().unflatten(-1, step.shape[-1:] + (BLOCK,)) * step[..., None]).flatten(-2)
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from fuelpipe.errors import ConfigError
 from fuelpipe.quant.formats import (
-    ActivationForm, PackedWeight, QuantKind, QuantSpec, dequantize, dequantize_rows, fits, quantize,
+    ActivationForm, PackedWeight, QuantKind, QuantSpec, activation_bits, dequantize, dequantize_rows, fits, quantize,
 )
 
 
@@ -35,8 +35,8 @@ class _Packed(nn.Module):
     """Buffers q / scales / mins of one packed matrix (shared by a tied embedding and head)."""
 
     def _hold(self, p: PackedWeight, activations: ActivationForm) -> None:
-        if activations is ActivationForm.int16 and p.kind not in (QuantKind.int8, QuantKind.int4):
-            raise ConfigError(f"weights.activations=int16 needs int8 or int4 weights, got {p.kind.value}")
+        if activation_bits(activations) and p.kind not in (QuantKind.int8, QuantKind.int4):
+            raise ConfigError(f"weights.activations={activations.value} needs int8 or int4 weights, got {p.kind.value}")
         self.kind = p.kind
         self.activations = activations
         self.out_features, self.in_features = p.shape
@@ -56,11 +56,11 @@ class _Packed(nn.Module):
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [.., K] f32 @ weight.T (+ bias) -> [.., N], through the compiled kernel."""
         ops = _ops()
-        a16 = self.activations is ActivationForm.int16
+        tail = {16: "_a16", 8: "_a8"}.get(activation_bits(self.activations), "")
         if self.kind is QuantKind.int8:
-            return (ops.q8_gemv_a16 if a16 else ops.q8_gemv).default(x, self.q, self.scales, bias)
+            return getattr(ops, f"q8_gemv{tail}").default(x, self.q, self.scales, bias)
         if self.kind is QuantKind.int4:
-            return (ops.q4_gemv_a16 if a16 else ops.q4_gemv).default(x, self.q, self.scales, self.mins, bias)
+            return getattr(ops, f"q4_gemv{tail}").default(x, self.q, self.scales, self.mins, bias)
         return ops.bf16_gemv.default(x, self.q, bias)
 
     def extra_repr(self) -> str:

@@ -41,7 +41,7 @@ PORTABLE_ORACLES = (
     "plan_vs_replan", "vs_reference", "plan_accounting", "key_sensitivity", "request_isolation",
     "kv_sharing", "cache_lifecycle", "rebind_guard", "batch_vs_solo", "batch_isolation", "batch_plan_accounting",
 )
-DEFAULT_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3}
+DEFAULT_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int16_activations": 1e-3, "int8_activations": 5e-2}
 DEFAULT_PROMPTS = ((1, 2, 3, 4, 5, 6, 7, 8), (9, 10, 11, 12, 13))
 
 

@@ -92,55 +92,62 @@ def _stored_then_read_then_remeasured(path_choice, tmp_path, monkeypatch):
     assert json.loads((tmp_path / path_choice.FILE).read_text())["best"]  # rewritten whole
 
 
-def _a16(kind, p, x):
+BITS = pytest.mark.parametrize("bits", [16, 8], ids=lambda b: f"a{b}")  # *_a16 and *_a8 kernels
+
+
+def _a16(kind, p, x, bits=16):
     ops = torch.ops.fuelpipe_kernels
-    return ops.q8_gemv_a16(x, p.q, p.scales, None) if kind is QuantKind.int8 else \
-        ops.q4_gemv_a16(x, p.q, p.scales, p.mins, None)
+    tail = {16: "_a16", 8: "_a8"}[bits]
+    return getattr(ops, f"q8_gemv{tail}")(x, p.q, p.scales, None) if kind is QuantKind.int8 else \
+        getattr(ops, f"q4_gemv{tail}")(x, p.q, p.scales, p.mins, None)
 
 
+@BITS
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
 @pytest.mark.parametrize("k,group", [(576, 32), (1536, 32), (96, 32), (256, 64), (160, 32)])
-def test_every_path_computes_the_16_bit_product_row_by_row_at_any_thread_count(kind, k, group):
+def test_every_path_computes_the_integer_product_row_by_row_at_any_thread_count(kind, k, group, bits):
     """On each path: the reference within the stated order-of-additions tolerance, a row equal to itself
     decoded alone, and the same bits at 1 and 2 threads."""
     torch.manual_seed(k + group)
     p = quantize(torch.randn(203, k), kind, group)
     x = torch.randn(5, k)
-    want = F.linear(round_trip_activations(x), dequantize(p))
+    want = F.linear(round_trip_activations(x, bits), dequantize(p))
     before = torch.get_num_threads()
     for path in vector_paths():
         with forced_vector_path(path):
             assert vector_path() == path
             try:
                 torch.set_num_threads(2)
-                got = _a16(kind, p, x)
+                got = _a16(kind, p, x, bits)
             finally:
                 torch.set_num_threads(before)
             assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5, path
-            assert all(torch.equal(got[i], _a16(kind, p, x[i:i + 1])[0]) for i in range(5)), path
+            assert all(torch.equal(got[i], _a16(kind, p, x[i:i + 1], bits)[0]) for i in range(5)), path
             try:
                 torch.set_num_threads(1)
-                assert torch.equal(_a16(kind, p, x), got), path
+                assert torch.equal(_a16(kind, p, x, bits), got), path
             finally:
                 torch.set_num_threads(before)
 
 
+@BITS
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
-@pytest.mark.parametrize("k,group", [(576, 32), (96, 32), (256, 64)])
-def test_a_weight_row_gives_the_same_bits_in_a_tile_of_rows_and_alone(kind, k, group):
-    """The 256-bit paths run the rows a thread walks in lockstep as one tile (quant_a16_tiles.h); a row's
-    result is its own one-row function's, bit for bit, whichever rows share its tile and at any thread count."""
+@pytest.mark.parametrize("k,group", [(576, 32), (96, 32), (256, 64), (160, 32)])
+def test_a_weight_row_gives_the_same_bits_in_a_tile_of_rows_and_alone(kind, k, group, bits):
+    """The 256-bit paths run the rows a thread walks in lockstep as one tile (quant_a16_tiles.h, quant_a8.cpp);
+    a row's result is its own one-row function's, bit for bit, whichever rows share its tile and at any thread
+    count (K = 160: five blocks, an odd last one on the 8-bit 4-bit pairs)."""
     torch.manual_seed(k)
     p = quantize(torch.randn(203, k), kind, group)
     x = torch.randn(2, k)
     before = torch.get_num_threads()
     for path in vector_paths():
         with forced_vector_path(path):
-            alone = torch.cat([_a16(kind, _one_row(p, n), x) for n in range(203)], dim=1)  # N = 1: no tile
+            alone = torch.cat([_a16(kind, _one_row(p, n), x, bits) for n in range(203)], dim=1)  # N = 1: no tile
             try:
                 for threads in (1, 2):
                     torch.set_num_threads(threads)
-                    assert torch.equal(_a16(kind, p, x), alone), (path, threads)
+                    assert torch.equal(_a16(kind, p, x, bits), alone), (path, threads)
             finally:
                 torch.set_num_threads(before)
 
@@ -151,18 +158,19 @@ def _one_row(p, n):
     return replace(p, q=p.q[n:n + 1], scales=p.scales[n:n + 1], mins=None if p.mins is None else p.mins[n:n + 1])
 
 
+@BITS
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
-def test_a_wrong_path_fails_the_tolerance_the_paths_are_held_to(kind):
+def test_a_wrong_path_fails_the_tolerance_the_paths_are_held_to(kind, bits):
     """Negative control for the test above: a product whose last block is dropped is far outside it."""
     torch.manual_seed(2)
     p = quantize(torch.randn(64, 576), kind, 32)
     x = torch.randn(3, 576)
-    want = F.linear(round_trip_activations(x), dequantize(p))
+    want = F.linear(round_trip_activations(x, bits), dequantize(p))
     dropped = x.clone()
     dropped[:, -32:] = 0
     for path in vector_paths():
         with forced_vector_path(path):
-            got = _a16(kind, p, dropped)
+            got = _a16(kind, p, dropped, bits)
         assert float((got - want).abs().max()) > A16_TOL * float(want.abs().max()) * 576 ** 0.5, path
 
 

@@ -19,7 +19,7 @@ from fuelpipe.quant import formats
 from fuelpipe.runner.assemble import assemble
 from fuelpipe.runner.oracles import run_one
 
-KERNELS = ("q8_gemv", "q4_gemv", "q8_gemv_a16", "q4_gemv_a16", "bf16_gemv", "f32_panel_linear", "f32_rows_linear",
+KERNELS = ("q8_gemv", "q4_gemv", "q8_gemv_a16", "q4_gemv_a16", "q8_gemv_a8", "q4_gemv_a8", "bf16_gemv", "f32_panel_linear", "f32_rows_linear",
            "f32_rows_chain_linear", "slot_attention")
 
 
@@ -74,6 +74,13 @@ def test_a_reference_step_one_code_off_fails_the_16_bit_kernels_only(gate, monke
     assert _failed_kernels(result) == {"q8_gemv_a16", "q4_gemv_a16"}, result.metric
 
 
+def test_a_reference_step_one_code_off_at_8_bits_fails_the_8_bit_kernels_only(gate, monkeypatch):
+    monkeypatch.setattr(formats, "ACT8_LEVELS", formats.ACT8_LEVELS - 1)  # step max|x| / 126
+    result = gate()
+    assert not result.passed
+    assert _failed_kernels(result) == {"q8_gemv_a8", "q4_gemv_a8"}, result.metric
+
+
 def test_a_reference_without_an_odd_rows_last_block_fails_the_low_bit_kernels(gate, monkeypatch):
     right = formats.dequantize
 
@@ -85,7 +92,8 @@ def test_a_reference_without_an_odd_rows_last_block_fails_the_low_bit_kernels(ga
 
     monkeypatch.setattr(formats, "dequantize", odd_tail_dropped)
     result = gate()
-    assert _failed_kernels(result) == {"q8_gemv", "q4_gemv", "q8_gemv_a16", "q4_gemv_a16"}, result.metric
+    assert _failed_kernels(result) == {"q8_gemv", "q4_gemv", "q8_gemv_a16", "q4_gemv_a16", "q8_gemv_a8", "q4_gemv_a8"}, \
+        result.metric
 
 
 def test_a_reference_that_never_reads_the_last_slot_fails_slot_attention(gate, monkeypatch):

@@ -34,11 +34,13 @@ def _op(p: PackedWeight, x, bias=None):
     return ops.bf16_gemv(x, p.q, bias)
 
 
-def _op_a16(p: PackedWeight, x, bias=None):
+def _op_a16(p: PackedWeight, x, bias=None, bits=16):
+    """The integer-activation kernel of ``bits`` (16: *_a16, 8: *_a8)."""
     ops = torch.ops.fuelpipe_kernels
+    tail = {16: "_a16", 8: "_a8"}[bits]
     if p.kind is QuantKind.int8:
-        return ops.q8_gemv_a16(x, p.q, p.scales, bias)
-    return ops.q4_gemv_a16(x, p.q, p.scales, p.mins, bias)
+        return getattr(ops, f"q8_gemv{tail}")(x, p.q, p.scales, bias)
+    return getattr(ops, f"q4_gemv{tail}")(x, p.q, p.scales, p.mins, bias)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
@@ -57,92 +59,118 @@ def test_kernel_equals_linear_over_the_dequantized_matrix(kind, n, k, group, row
     assert float((got - want).abs().max()) <= 2e-6 * scale * k ** 0.5
 
 
-# ---- 16-bit activations (ActivationForm.int16): the *_a16 kernels ----------------------------------
+# ---- 16- and 8-bit activations (ActivationForm.int16 / int8): the *_a16 and *_a8 kernels -----------
 
 INTEGER = [QuantKind.int8, QuantKind.int4]
 A16_TOL = 2e-7  # x max|result| x sqrt(K): f32 addition order only (measured up to ~1e-6 relative at K=1536)
+BITS = pytest.mark.parametrize("bits", [16, 8], ids=lambda b: f"a{b}")
 
 
+@BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-@pytest.mark.parametrize("n,k,group", [(37, 64, 32), (96, 256, 64), (1536, 576, 32), (64, 1536, 128)])
+@pytest.mark.parametrize("n,k,group", [(37, 64, 32), (96, 256, 64), (1536, 576, 32), (64, 1536, 128), (21, 160, 32)])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_a16_kernel_equals_linear_over_the_round_tripped_activations(kind, n, k, group, rows):
+def test_a16_kernel_equals_linear_over_the_round_tripped_activations(kind, n, k, group, rows, bits):
     """The kernel computes F.linear(code * step, dequantize(w)): only the order of f32 additions differs."""
     torch.manual_seed(n + k + rows)
     p = quantize(torch.randn(n, k), kind, group)
     x, bias = torch.randn(2, rows, k), torch.randn(n)
-    want = F.linear(round_trip_activations(x), dequantize(p), bias)
-    got = _op_a16(p, x, bias)
+    want = F.linear(round_trip_activations(x, bits), dequantize(p), bias)
+    got = _op_a16(p, x, bias, bits)
     assert got.shape == (2, rows, n)
     assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5
 
 
+@BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_negative_control_the_a16_tolerance_sees_the_activation_rounding(kind):
+def test_negative_control_the_a16_tolerance_sees_the_activation_rounding(kind, bits):
     """The tight comparison above must fail against f32 activations: it would catch a kernel that skips
     (or misplaces) the activation quantization."""
     torch.manual_seed(3)
     p = quantize(torch.randn(1536, 576), kind, 32)
     x = torch.randn(1, 576)
     f32 = F.linear(x, dequantize(p))
-    assert float((_op_a16(p, x) - f32).abs().max()) > A16_TOL * float(f32.abs().max()) * 576 ** 0.5
+    assert float((_op_a16(p, x, None, bits) - f32).abs().max()) > A16_TOL * float(f32.abs().max()) * 576 ** 0.5
 
 
+@BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_error_against_f32_activations_is_within_half_a_step_per_element(kind):
+def test_a16_error_against_f32_activations_is_within_half_a_step_per_element(kind, bits):
     """|kernel - F.linear(x, W)| <= sum_k |W[n, k]| * step(k) / 2 (+ f32 rounding): the stated bound."""
     torch.manual_seed(5)
     p = quantize(torch.randn(256, 576), kind, 32)
     x = torch.randn(4, 576) * torch.logspace(-3, 2, 576)  # blocks of very different magnitudes
     w = dequantize(p)
-    _, step = quantize_activations(x)  # [4, 18]
+    _, step = quantize_activations(x, bits)  # [4, 18]
     bound = (w.abs() @ (step.repeat_interleave(32, dim=-1) / 2).T).T  # [4, 256]
-    err = (_op_a16(p, x) - F.linear(x, w)).abs()
+    err = (_op_a16(p, x, None, bits) - F.linear(x, w)).abs()
     assert bool((err <= bound * 1.01 + 1e-4 * F.linear(x.abs(), w.abs())).all())
 
 
+@BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_row_does_not_depend_on_the_rows_beside_it(kind):
+def test_a16_row_does_not_depend_on_the_rows_beside_it(kind, bits):
     """A batch row equals the same row alone, bit for bit (batch_vs_solo relies on it)."""
     torch.manual_seed(7)
     p = quantize(torch.randn(300, 576), kind, 32)
     x = torch.randn(5, 576)
-    many = _op_a16(p, x)
-    assert all(torch.equal(many[i], _op_a16(p, x[i : i + 1])[0]) for i in range(5))
+    many = _op_a16(p, x, None, bits)
+    assert all(torch.equal(many[i], _op_a16(p, x[i : i + 1], None, bits)[0]) for i in range(5))
 
 
-def test_activation_codes_are_symmetric_16_bit_with_zero_and_non_finite_blocks_handled():
+@pytest.mark.parametrize("bits,levels,dtype", [(16, 32767, torch.int16), (8, 127, torch.int8)])
+def test_activation_codes_are_symmetric_with_zero_and_non_finite_blocks_handled(bits, levels, dtype):
     x = torch.randn(3, 96)
     x[1, :32] = 0.0  # an all-zero block: zero codes, zero step
-    codes, step = quantize_activations(x)
-    assert codes.dtype == torch.int16 and step.shape == (3, 3)
-    assert int(codes.abs().max()) == 32767 and int(codes[1, :32].abs().max()) == 0 and float(step[1, 0]) == 0.0
-    assert torch.equal(quantize_activations(-x)[0], -codes)
+    codes, step = quantize_activations(x, bits)
+    assert codes.dtype == dtype and step.shape == (3, 3)
+    assert int(codes.abs().max()) == levels and int(codes[1, :32].abs().max()) == 0 and float(step[1, 0]) == 0.0
+    assert torch.equal(quantize_activations(-x, bits)[0], -codes)
     bad = x.clone()
     bad[2, 40] = float("inf")
-    assert torch.isnan(quantize_activations(bad)[1][2, 1])
+    assert torch.isnan(quantize_activations(bad, bits)[1][2, 1])
     for kind in INTEGER:  # the NaN / inf reaches every output of that row, as with f32 activations
         p = quantize(torch.randn(16, 96), kind, 32)
-        out = _op_a16(p, bad)
+        out = _op_a16(p, bad, None, bits)
         assert bool(torch.isnan(out[2]).all()) and bool(torch.isfinite(out[:2]).all())
 
 
+def test_activations_quantize_to_16_or_8_bits_only():
+    with pytest.raises(ConfigError, match="16 or 8 bits, got bits=4"):
+        quantize_activations(torch.randn(1, 32), 4)
+
+
+@BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_kernel_takes_f32_scales_too(kind):
+def test_a16_kernel_takes_f32_scales_too(kind, bits):
     p = quantize(torch.randn(64, 128), kind, 32)
     wide = PackedWeight(kind, p.q, p.scales.float(), None if p.mins is None else p.mins.float())
     x = torch.randn(1, 128)
-    assert torch.allclose(_op_a16(wide, x), _op_a16(p, x), atol=1e-5)
+    assert torch.allclose(_op_a16(wide, x, None, bits), _op_a16(p, x, None, bits), atol=1e-5)
 
 
-def test_activation_form_resolves_per_kind_and_refuses_int16_without_integer_weights():
+@pytest.mark.parametrize("op", ["q8_gemv_a8", "q4_gemv_a8"])
+def test_a8_kernels_refuse_bad_shapes_with_a_message_naming_the_operator(op):
+    p = quantize(torch.randn(16, 64), QuantKind.int8 if op.startswith("q8") else QuantKind.int4, 32)
+    ops = torch.ops.fuelpipe_kernels
+    args = (p.q, p.scales) if op.startswith("q8") else (p.q, p.scales, p.mins)
+    with pytest.raises(RuntimeError, match=f"{op}: x's last dimension must be in_features=64"):
+        getattr(ops, op)(torch.randn(1, 63), *args, None)
+    with pytest.raises(RuntimeError, match=f"{op}: x must be float32"):
+        getattr(ops, op)(torch.randn(1, 64, dtype=torch.float64), *args, None)
+
+
+def test_activation_form_resolves_per_kind_and_refuses_integer_activations_without_integer_weights():
     assert QuantSpec(QuantKind.int8).activations is ActivationForm.int16
     assert QuantSpec(QuantKind.int4, 32, "f32").activations is ActivationForm.f32
     assert QuantSpec(QuantKind.bf16).activations is ActivationForm.f32
     assert QuantSpec(QuantKind.int8).label() == "int8/g32/a16"
+    assert QuantSpec(QuantKind.int4, 64, "int8").label() == "int4/g64/a8"
     assert QuantSpec(QuantKind.int8, 32, "f32").label() == "int8/g32"
     with pytest.raises(ConfigError, match="activations=int16 needs int8 or int4.*bf16"):
         QuantSpec(QuantKind.bf16, 32, "int16")
+    with pytest.raises(ConfigError, match="activations=int8 needs int8 or int4.*f32"):
+        QuantSpec(QuantKind.f32, 32, "int8")
 
 
 @pytest.mark.parametrize("args, key, bad", [
@@ -162,14 +190,15 @@ def test_a_bad_quant_spec_value_is_a_typed_error_naming_the_value_and_the_choice
         assert all(a.value in message for a in ActivationForm)
 
 
-@pytest.mark.parametrize("activations,op", [("int16", "q4_gemv_a16"), ("f32", "q4_gemv")])
+@pytest.mark.parametrize("activations,op", [("int16", "q4_gemv_a16"), ("int8", "q4_gemv_a8"), ("f32", "q4_gemv")])
 def test_quantized_modules_call_the_kernel_of_their_activation_form(activations, op, monkeypatch):
     model = build_random_model("llama", "tiny", seed=0)
     quantize_model(model, QuantSpec(QuantKind.int4, 32, activations))
     up = model.layers[0].mlp.up_proj
     assert up.activations is ActivationForm(activations)
     x = torch.randn(1, up.in_features)
-    want = _op_a16(up.packed(), x) if activations == "int16" else _op(up.packed(), x)
+    want = {"int16": lambda: _op_a16(up.packed(), x), "int8": lambda: _op_a16(up.packed(), x, None, 8),
+            "f32": lambda: _op(up.packed(), x)}[activations]()
     assert torch.equal(up(x), want)
     assert activations in repr(up)
 

@@ -19,9 +19,9 @@ KINDS = [QuantKind.int8, QuantKind.int4, QuantKind.bf16]
 def kernels():
     load()
 
-def _tiny(kind=QuantKind.int4, group=32, seed=0):
+def _tiny(kind=QuantKind.int4, group=32, seed=0, activations="auto"):
     model = build_random_model("llama", "tiny", seed=seed)
-    quantize_model(model, QuantSpec(kind, group))
+    quantize_model(model, QuantSpec(kind, group, activations))
     return model
 
 
@@ -107,22 +107,24 @@ def test_a_quantizer_with_the_wrong_level_count_fails_the_quality_oracle(monkeyp
     assert result.metric["bound_ratio"] > 1.5
 
 
-def test_int16_activation_models_take_their_own_tolerance_and_a_wrong_path_still_fails_it():
-    """vs_reference on a 16-bit-activation model: the looser max-abs tolerance of that numeric form, and the
-    oracle's negative control (KV writes dropped) still fails at it."""
+@pytest.mark.parametrize("activations,allowed", [("int16", 1e-3), ("int8", 5e-2)])
+def test_integer_activation_models_take_their_own_tolerance_and_a_wrong_path_still_fails_it(activations, allowed):
+    """vs_reference on a 16- or 8-bit-activation model: the looser max-abs tolerance of that numeric form, and
+    the oracle's negative control (KV writes dropped) still fails at it."""
     from fuelpipe.modes import PlanMode
     from fuelpipe.oracles.base import Setup
     from fuelpipe.oracles.execute import numeric_form, tolerance_for
     from fuelpipe.plan.backends import BackendSpec
 
-    model = _tiny(QuantKind.int8)
-    assert numeric_form("float32", model) == "int16_activations"
+    model = _tiny(QuantKind.int8, activations=activations)
+    form = f"{activations}_activations"
+    assert numeric_form("float32", model) == form
     f32_act = build_random_model("llama", "tiny", seed=0)
     quantize_model(f32_act, QuantSpec(QuantKind.int8, 32, "f32"))
     assert numeric_form("float32", f32_act) == "float32"
     spec = oracle("vs_reference")
-    tol = tolerance_for(spec, {"float32": 1e-5}, "int16_activations")  # a table without the key: the default
-    assert tol == 1e-3
+    tol = tolerance_for(spec, {"float32": 1e-5}, form)  # a table without the key: the default
+    assert tol == allowed
     run = lambda control: execute(spec, model=model, setup=Setup(BackendSpec(name="fx"), PlanMode.plan_once),
                                   prompts=((1, 2, 3, 4),), new_tokens=6, max_seq_len=12, other_model=lambda: None,
                                   tolerance=tol, control=control)
@@ -142,6 +144,7 @@ def test_quality_oracle_skips_an_unquantized_model():
     (["weights.dtype=int9"], "int9"),
     (["weights.activations=int16"], "weights.activations=int16 needs weights.dtype=int8 or int4"),
     (["weights.dtype=bf16", "weights.activations=int16"], "got bf16"),
+    (["weights.activations=int8"], "weights.activations=int8 needs weights.dtype=int8 or int4"),
 ])
 def test_bad_weight_settings_exit_2_naming_the_value(override, needle, tmp_path):
     import subprocess
@@ -187,7 +190,8 @@ def test_the_load_report_of_a_quantized_checkpoint_names_its_stored_form(kind, t
     assert packed.weights_mb < plain.weights_mb
 
 
-def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits(activations):
     """fuse_sibling_linears on a quantized model: q/k/v and gate/up become one kernel call each."""
     import torch.fx as fx
 
@@ -196,17 +200,18 @@ def test_packed_siblings_are_fused_into_one_call_with_bit_identical_logits():
     from fuelpipe.plan.default_passes import DEFAULT_FX_PASSES
     from fuelpipe.plan.fx_passes import _fuse_packed_siblings
 
-    model = _tiny(QuantKind.int4)
+    model = _tiny(QuantKind.int4, activations=activations)
+    tail = {"int16": "a16", "int8": "a8"}[activations]
     calls = lambda gm: sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                           and n.target in (torch.ops.fuelpipe_kernels.q4_gemv_a16.default,
-                                            torch.ops.fuelpipe_kernels.q8_gemv_a16.default))
+                           and n.target in (getattr(torch.ops.fuelpipe_kernels, f"q4_gemv_{tail}").default,
+                                            getattr(torch.ops.fuelpipe_kernels, f"q8_gemv_{tail}").default))
     gm = fx.symbolic_trace(_QkvProbe(model))
     before = calls(gm)
     assert _fuse_packed_siblings(gm) == 1 and calls(gm) == before - 2  # q, k, v -> one
     fast = InferenceContext(model).generate([1, 2, 3], 6, keep_logits=True)
     # The same plan without the fusion (attention and every other op alike): only the fusion differs.
     unfused = tuple(p for p in DEFAULT_FX_PASSES if p != "fuse_sibling_linears")
-    ref = InferenceContext(_tiny(QuantKind.int4), BackendSpec(name="fx", fx_passes=unfused)).generate(
+    ref = InferenceContext(_tiny(QuantKind.int4, activations=activations), BackendSpec(name="fx", fx_passes=unfused)).generate(
         [1, 2, 3], 6, keep_logits=True)
     assert fast.tokens == ref.tokens
     assert all(torch.equal(a, b) for a, b in zip(fast.logits, ref.logits))  # each row's dot is unchanged

@@ -9,8 +9,9 @@
 //   avx512    AVX-512 F/BW/VL, 16 lanes: the 16-bit-activation products take a whole block per instruction
 // AVX-512 VNNI adds nothing over avx512 there: a 32-element block is one 512-bit multiply-add whose
 // int32 result is scaled on its own (per-block activation scales), so there is no second product to fuse.
-// AMX tiles are not used: AMX-INT8 multiplies 8-bit operands only (the activations are 16-bit), and a
-// decode step is one row, where a 16-row tile would do 1/16 useful work.
+// AMX tiles are not used: AMX-INT8 multiplies 8-bit operands only (the default activations are 16-bit; the
+// opt-in 8-bit ones of quant_a8.cpp have only scalar and avx2 paths so far), and a decode step is one row,
+// where a 16-row tile would do 1/16 useful work.
 //
 // A path is compiled only when the compiler targets it (the library is built per machine with
 // -march=native) and offered only when the CPU reports it, so a CPU without a path gets the next one down.

@@ -70,6 +70,20 @@ BUGS = {
         "amax / 32766.f",
         ("weights.dtype=int4",),
     ),
+    # The 8-bit activation step one code off: max|x| / 126 (the 8-bit kernels only; the gate's model runs int16).
+    "activation_step_off_by_one_8_bit": (
+        f"{KERNELS}/quant_a8.cpp",
+        "amax / 127.f",
+        "amax / 126.f",
+        (),
+    ),
+    # The 8-bit 4-bit pair's two block scales crossed: each block of a pair scaled by the other's.
+    "a8_pair_scales_crossed": (
+        f"{KERNELS}/quant_a8.cpp",
+        "_mm256_castps128_ps256(_mm_broadcast_ss(sc)), _mm_broadcast_ss(sc + 1), 1)",
+        "_mm256_castps128_ps256(_mm_broadcast_ss(sc + 1)), _mm_broadcast_ss(sc), 1)",
+        (),
+    ),
 }
 
 

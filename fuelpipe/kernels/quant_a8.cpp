@@ -226,6 +226,13 @@ void q4_tile_avx2(const uint8_t* const* q, const S* const* s, const S* const* mn
 
 // ---- the operators ------------------------------------------------------------------------------
 
+// A thread's scratch for the rows it takes alone (a run's last rows): grown once, never per row.
+inline float* row_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 inline bool vector_rows() {
 #ifdef FUELPIPE_HAS_AVX2
   return at_least(Path::avx2);
@@ -246,9 +253,8 @@ at::Tensor q8_gemv_a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor
       if (vec) {
         const int8_t* qs[1] = {qp + n * K};
         const S* ss[1] = {sp + n * KG};
-        std::vector<float> sc(K / kBlock);
         float v;
-        q8_tile_avx2<S, 1>(qs, ss, K, G, xq, dx, sc.data(), &v);
+        q8_tile_avx2<S, 1>(qs, ss, K, G, xq, dx, row_scratch(K / kBlock), &v);
         return v;
       }
 #endif
@@ -287,9 +293,9 @@ at::Tensor q4_gemv_a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor
       if (vec) {
         const uint8_t* qs[1] = {qp + n * (K / 2)};
         const S *ss[1] = {sp + n * KG}, *ms[1] = {mp + n * KG};
-        std::vector<float> scratch(2 * nb);
+        float* scratch = row_scratch(2 * nb);
         float v;
-        q4_tile_avx2<S, 1>(qs, ss, ms, K, G, xq, dx, xs, scratch.data(), scratch.data() + nb, &v);
+        q4_tile_avx2<S, 1>(qs, ss, ms, K, G, xq, dx, xs, scratch, scratch + nb, &v);
         return v;
       }
 #endif

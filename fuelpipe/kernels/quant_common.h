@@ -1,5 +1,5 @@
 // What the low-bit products share: argument checks (each naming its operator), scale conversion, and the
-// f32 dot product. quant_gemv.cpp (f32 activations) and quant_a16.cpp (16-bit activations) include it.
+// f32 dot product. quant_gemv.cpp (f32 activations), quant_a16.cpp (16-bit) and quant_a8.cpp (8-bit) include it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

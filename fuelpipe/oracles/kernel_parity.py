@@ -212,7 +212,7 @@ class _Grid:
         scales = (0.001 + 0.02 * torch.rand(n, k // g, generator=self.gen)).to(sdtype)
         s = scales.double().repeat_interleave(g, dim=-1)
         if kind is QuantKind.int8:
-            codes = self.randint(-127, 128, n, k)
+            codes = self.randint(-128, 128, n, k)  # -128 too: a GGUF Q8_0 block may hold it
             if probe:
                 sign = self.randint(0, 2, n) * 2 - 1
                 codes = _one_per_row(sign * self.randint(64, 128, n), k)

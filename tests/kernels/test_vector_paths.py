@@ -104,7 +104,7 @@ def _a16(kind, p, x, bits=16):
 
 @BITS
 @pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
-@pytest.mark.parametrize("k,group", [(576, 32), (1536, 32), (96, 32), (256, 64), (160, 32)])
+@pytest.mark.parametrize("k,group", [(576, 32), (1536, 32), (96, 32), (256, 64), (160, 32), (288, 96)])
 def test_every_path_computes_the_integer_product_row_by_row_at_any_thread_count(kind, k, group, bits):
     """On each path: the reference within the stated order-of-additions tolerance, a row equal to itself
     decoded alone, and the same bits at 1 and 2 threads."""
@@ -150,6 +150,40 @@ def test_a_weight_row_gives_the_same_bits_in_a_tile_of_rows_and_alone(kind, k, g
                     assert torch.equal(_a16(kind, p, x, bits), alone), (path, threads)
             finally:
                 torch.set_num_threads(before)
+
+
+def test_int8_weights_of_minus_128_against_full_scale_activations_are_exact_on_every_path():
+    """A GGUF Q8_0 block may hold -128 (fuelpipe's own quantizer stops at -127). Against 8-bit activations at
+    their largest codes it is the tightest case for the 8-bit products (|w| = 128 enters VPMADDUBSW unsigned: a pair
+    sums to 2 * 128 * 127, just inside int16), and the exact answer is known: every product is +-128 * code."""
+    from fuelpipe.quant.formats import PackedWeight
+
+    k = 96
+    q = torch.full((5, k), -128, dtype=torch.int8)
+    q[1, ::2] = 127
+    scales = torch.full((5, k // 32), 0.5, dtype=torch.float16)
+    x = torch.full((2, k), 127.0)  # the step is exactly 1, every code +-127
+    x[1, 1::2] = -127.0  # alternating signs in row 1
+    p = PackedWeight(QuantKind.int8, q, scales)
+    # Every product is a multiple of 1/2 (code * w * 0.5, w = -128 or 127) and every sum stays below 2^22,
+    # so the answer is exact in f32 whatever the order of additions.
+    want = F.linear(round_trip_activations(x, 8), dequantize(p))
+    for path in vector_paths():
+        with forced_vector_path(path):
+            assert torch.equal(_a16(QuantKind.int8, p, x, 8), want), path
+
+
+@BITS
+@pytest.mark.parametrize("kind", [QuantKind.int8, QuantKind.int4], ids=lambda k: k.value)
+def test_a_non_finite_activation_reaches_its_row_on_every_path(kind, bits):
+    torch.manual_seed(6)
+    p = quantize(torch.randn(40, 160), kind, 32)
+    x = torch.randn(3, 160)
+    x[1, 150] = float("nan")
+    for path in vector_paths():
+        with forced_vector_path(path):
+            out = _a16(kind, p, x, bits)
+        assert bool(torch.isnan(out[1]).all()) and bool(torch.isfinite(out[[0, 2]]).all()), path
 
 
 def _one_row(p, n):

@@ -40,43 +40,14 @@ using namespace fuelpipe_quant;
 // many rows are in the call (a batch row equals the same row decoded alone, bit for bit).
 
 
-// One activation row -> xq [K] int16, dx [K / 32] f32, xs [K / 32] f32 (dx * sum(xq): the block's
-// sum as the kernel sees it, for the 4-bit mins). A non-finite element makes its block's dx NaN.
+// One activation row -> xq [K] int16, dx [K / 32] f32, xs [K / 32] f32 (quantize_row_blocks, quant_common.h).
 void quantize_row_a16(const float* x, int64_t K, int16_t* xq, float* dx, float* xs) {
-  for (int64_t b = 0; b < K / kBlock; ++b) {
-    const float* xb = x + b * kBlock;
-    float amax = 0.f;
-    bool finite = true;
-    for (int j = 0; j < kBlock; ++j) {
-      const float a = std::fabs(xb[j]);
-      finite = finite && std::isfinite(a);
-      amax = a > amax ? a : amax;
-    }
-    const float d = finite ? amax / 32767.f : std::numeric_limits<float>::quiet_NaN();
-    int32_t total = 0;
-    for (int j = 0; j < kBlock; ++j) {
-      float r = (d > 0.f) ? std::nearbyint(xb[j] / d) : 0.f;  // round half to even (the default mode)
-      r = r > 32767.f ? 32767.f : (r < -32767.f ? -32767.f : r);
-      xq[b * kBlock + j] = static_cast<int16_t>(r);
-      total += static_cast<int32_t>(r);
-    }
-    dx[b] = d;
-    xs[b] = d * static_cast<float>(total);
-  }
+  quantize_row_blocks(x, K, /*levels=*/32767.f, xq, dx, xs);
 }
 
 // ---- scalar: one block's exact int32 sum, scaled and added in order ------------------------------
 
-inline int32_t q8_block_a16_scalar(const int8_t* qb, const int16_t* xb) {
-  int32_t t = 0;
-  for (int j = 0; j < kBlock; ++j) t += static_cast<int32_t>(qb[j]) * xb[j];
-  return t;
-}
-inline int32_t q4_block_a16_scalar(const uint8_t* qb, const int16_t* xb) {
-  int32_t t = 0;
-  for (int j = 0; j < 16; ++j) t += static_cast<int32_t>(qb[j] & 0x0F) * xb[j] + static_cast<int32_t>(qb[j] >> 4) * xb[j + 16];
-  return t;
-}
+// q8_block_scalar / q4_block_scalar (quant_common.h): one block's exact int32 sum.
 
 // One weight row (int8 codes q [K], scales s [K / G]) against one quantized activation row.
 // Scale of block b: w_scale[b / per_group] * dx[b].
@@ -87,7 +58,7 @@ float q8_row_scalar(const int8_t* q, const S* s, int64_t K, int64_t G, const int
   for (int64_t g = 0, b = 0; g < K / G; ++g) {
     const float sg = to_f32(s[g]);
     for (int64_t j = 0; j < per_group; ++j, ++b)
-      acc += static_cast<float>(q8_block_a16_scalar(q + b * kBlock, xq + b * kBlock)) * (sg * dx[b]);
+      acc += static_cast<float>(q8_block_scalar(q + b * kBlock, xq + b * kBlock)) * (sg * dx[b]);
   }
   return acc;
 }
@@ -102,7 +73,7 @@ float q4_row_scalar(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_
     const float sg = to_f32(s[g]);
     float group_sum = 0.f;
     for (int64_t j = 0; j < per_group; ++j, ++b) {
-      acc += static_cast<float>(q4_block_a16_scalar(q + b * (kBlock / 2), xq + b * kBlock)) * (sg * dx[b]);
+      acc += static_cast<float>(q4_block_scalar(q + b * (kBlock / 2), xq + b * kBlock)) * (sg * dx[b]);
       group_sum += xs[b];
     }
     macc += to_f32(mn[g]) * group_sum;

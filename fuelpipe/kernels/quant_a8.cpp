@@ -35,28 +35,9 @@ namespace fuelpipe_a8 {
 
 using namespace fuelpipe_quant;
 
-// One activation row -> xq [K] int8, dx [K / 32], xs [K / 32] (dx * sum(xq)).
+// One activation row -> xq [K] int8, dx [K / 32], xs [K / 32] (quantize_row_blocks, quant_common.h).
 void quantize_row_a8(const float* x, int64_t K, int8_t* xq, float* dx, float* xs) {
-  for (int64_t b = 0; b < K / kBlock; ++b) {
-    const float* xb = x + b * kBlock;
-    float amax = 0.f;
-    bool finite = true;
-    for (int j = 0; j < kBlock; ++j) {
-      const float a = std::fabs(xb[j]);
-      finite = finite && std::isfinite(a);
-      amax = a > amax ? a : amax;
-    }
-    const float d = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
-    int32_t total = 0;
-    for (int j = 0; j < kBlock; ++j) {
-      float r = (d > 0.f) ? std::nearbyint(xb[j] / d) : 0.f;  // round half to even (the default mode)
-      r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
-      xq[b * kBlock + j] = static_cast<int8_t>(r);
-      total += static_cast<int32_t>(r);
-    }
-    dx[b] = d;
-    xs[b] = d * static_cast<float>(total);
-  }
+  quantize_row_blocks(x, K, /*levels=*/127.f, xq, dx, xs);
 }
 
 // sc[b] = w_scale[b / per_group] * dx[b] for the nb blocks of one row.
@@ -82,18 +63,6 @@ float mins_share(const S* mn, const float* xs, int64_t nb, int64_t per_group, fl
 }
 
 // ---- scalar: the readable statement of every path ---------------------------------------------------
-
-inline int32_t q8_block_scalar(const int8_t* qb, const int8_t* xb) {
-  int32_t t = 0;
-  for (int j = 0; j < kBlock; ++j) t += static_cast<int32_t>(qb[j]) * xb[j];
-  return t;
-}
-// 16 bytes of 4-bit codes: byte j holds elements j (low nibble) and j + 16 (high nibble).
-inline int32_t q4_block_scalar(const uint8_t* qb, const int8_t* xb) {
-  int32_t t = 0;
-  for (int j = 0; j < 16; ++j) t += static_cast<int32_t>(qb[j] & 0x0F) * xb[j] + static_cast<int32_t>(qb[j] >> 4) * xb[j + 16];
-  return t;
-}
 
 template <typename S>
 float q8_row_scalar(const int8_t* q, const S* s, int64_t K, int64_t G, const int8_t* xq, const float* dx) {

@@ -49,10 +49,9 @@ void row_block_scales(const S* s, const float* dx, int64_t nb, int64_t per_group
   for (int64_t b = 0; b < nb; ++b) sc[b] = to_f32(s[b / per_group]) * dx[b];
 }
 
-// The 4-bit mins' share of one row: sum_g min[g] * (the group's xs, summed in block order).
+// The 4-bit mins' share of one row, in order: sum_g min[g] * (the group's xs, summed in block order).
 template <typename S>
-float mins_share(const S* mn, const float* xs, int64_t nb, int64_t per_group, float* buf) {
-  if (per_group == 1) return dot_f32(row_f32<S>(mn, nb, buf), xs, nb);
+float mins_share_in_order(const S* mn, const float* xs, int64_t nb, int64_t per_group) {
   float macc = 0.f;
   for (int64_t g = 0, b = 0; g < nb / per_group; ++g) {
     float group_sum = 0.f;
@@ -60,6 +59,13 @@ float mins_share(const S* mn, const float* xs, int64_t nb, int64_t per_group, fl
     macc += to_f32(mn[g]) * group_sum;
   }
   return macc;
+}
+
+// The same on the vector path: one f32 dot product at group size 32.
+template <typename S>
+float mins_share(const S* mn, const float* xs, int64_t nb, int64_t per_group, float* buf) {
+  if (per_group == 1) return dot_f32(row_f32<S>(mn, nb, buf), xs, nb);
+  return mins_share_in_order(mn, xs, nb, per_group);
 }
 
 // ---- scalar: the readable statement of every path ---------------------------------------------------
@@ -80,13 +86,7 @@ float q4_row_scalar(const uint8_t* q, const S* s, const S* mn, int64_t K, int64_
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b)
     acc += static_cast<float>(q4_block_scalar(q + b * (kBlock / 2), xq + b * kBlock)) * (to_f32(s[b / per_group]) * dx[b]);
-  float macc = 0.f;
-  for (int64_t g = 0, b = 0; g < nb / per_group; ++g) {
-    float group_sum = 0.f;
-    for (int64_t j = 0; j < per_group; ++j, ++b) group_sum += xs[b];
-    macc += to_f32(mn[g]) * group_sum;
-  }
-  return acc + macc;
+  return acc + mins_share_in_order(mn, xs, nb, per_group);
 }
 
 #ifdef FUELPIPE_HAS_AVX2

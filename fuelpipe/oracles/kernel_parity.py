@@ -65,6 +65,7 @@ from fuelpipe.oracles.kernel_parity_slots import slot_cases
 from fuelpipe.plan.panels import pack_panels
 from fuelpipe.quant import formats
 from fuelpipe.quant.formats import BLOCK, PackedWeight, QuantKind
+from fuelpipe.quant.modules import OP_SUFFIX
 
 NAME = "kernel_parity"
 U = 2.0 ** -24  # f32 unit roundoff
@@ -241,17 +242,14 @@ def _one_per_row(values: torch.Tensor, k: int) -> torch.Tensor:
     return codes
 
 
-_TAIL = {None: "", 16: "_a16", 8: "_a8"}  # activation bits -> the operator's suffix
-
-
 def _quant_call(ops, kind: QuantKind, bits: Optional[int], x: torch.Tensor, p: PackedWeight, bias):
     if kind is QuantKind.int8:
-        return getattr(ops, f"q8_gemv{_TAIL[bits]}")(x, p.q, p.scales, bias)
-    return getattr(ops, f"q4_gemv{_TAIL[bits]}")(x, p.q, p.scales, p.mins, bias)
+        return getattr(ops, f"q8_gemv{OP_SUFFIX[bits]}")(x, p.q, p.scales, bias)
+    return getattr(ops, f"q4_gemv{OP_SUFFIX[bits]}")(x, p.q, p.scales, p.mins, bias)
 
 
 def _levels(bits: Optional[int]) -> int:
-    return formats.ACT8_LEVELS if bits == 8 else formats.ACT_LEVELS
+    return formats.activation_levels(bits or 16)
 
 
 def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
@@ -267,19 +265,19 @@ def _quant_cases(grid: _Grid, ops, ks: list[int]) -> None:
             p, w_abs = grid.packed(kind, n, k, g, sdtype)
             bias = grid.bias(n, with_bias)
             for bits in (None, 16, 8):
-                if op + _TAIL[bits] not in grid.kernels:
+                if op + OP_SUFFIX[bits] not in grid.kernels:
                     continue
                 x = grid.activations(m, k, _levels(bits)) if bits else grid.randn(m, k)
-                grid.tally.check(op + _TAIL[bits], f"{label} N={n} M={m} bias={with_bias}",
+                grid.tally.check(op + OP_SUFFIX[bits], f"{label} N={n} M={m} bias={with_bias}",
                                  _quant_call(ops, kind, bits, grid.feed(x), p, bias),
                                  _quant_reference, x, p, w_abs, bias, bits)
         # Probe: one code per output, so each output is one activation code times one weight.
         for bits in (16, 8):
-            if op + _TAIL[bits] not in grid.kernels:
+            if op + OP_SUFFIX[bits] not in grid.kernels:
                 continue
             p, w_abs = grid.packed(kind, len(probe_columns(k)), k, g, sdtype, probe=True)
             x = grid.activations(3, k, _levels(bits))
-            grid.tally.check(op + _TAIL[bits], f"probe {label}", _quant_call(ops, kind, bits, grid.feed(x), p, None),
+            grid.tally.check(op + OP_SUFFIX[bits], f"probe {label}", _quant_call(ops, kind, bits, grid.feed(x), p, None),
                              _quant_reference, x, p, w_abs, None, bits)
 
 

@@ -139,6 +139,13 @@ def activation_bits(form: ActivationForm) -> Optional[int]:
     return {ActivationForm.int16: 16, ActivationForm.int8: 8}.get(form)
 
 
+def activation_levels(bits: int) -> int:
+    """The largest activation code at ``bits`` (16 or 8): codes run symmetrically in -L..L."""
+    if bits not in (16, 8):
+        raise ConfigError(f"activations are quantized to 16 or 8 bits, got bits={bits!r}")
+    return ACT_LEVELS if bits == 16 else ACT8_LEVELS
+
+
 def quantize_activations(x: torch.Tensor, bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """f32 [.., K] (K a multiple of 32) -> (codes int16 / int8 [.., K], steps f32 [.., K/32]).
 
@@ -147,9 +154,7 @@ def quantize_activations(x: torch.Tensor, bits: int = 16) -> tuple[torch.Tensor,
     step, so its NaN reaches the output as it would with f32 activations. The kernels compute the same
     codes and steps, element for element.
     """
-    if bits not in (16, 8):
-        raise ConfigError(f"activations are quantized to 16 or 8 bits, got bits={bits!r}")
-    levels = ACT_LEVELS if bits == 16 else ACT8_LEVELS
+    levels = activation_levels(bits)
     blocks = x.float().unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))  # [.., K/32, 32]
     step = blocks.abs().amax(-1) / levels  # [.., K/32]
     step = torch.where(torch.isfinite(blocks).all(-1), step, torch.full_like(step, float("nan")))

@@ -31,6 +31,10 @@ def _ops():
     return torch.ops.fuelpipe_kernels
 
 
+# Activation bits (``activation_bits``; None: f32) -> the suffix of the low-bit operators that take them.
+OP_SUFFIX = {None: "", 16: "_a16", 8: "_a8"}
+
+
 class _Packed(nn.Module):
     """Buffers q / scales / mins of one packed matrix (shared by a tied embedding and head)."""
 
@@ -56,7 +60,7 @@ class _Packed(nn.Module):
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [.., K] f32 @ weight.T (+ bias) -> [.., N], through the compiled kernel."""
         ops = _ops()
-        tail = {16: "_a16", 8: "_a8"}.get(activation_bits(self.activations), "")
+        tail = OP_SUFFIX[activation_bits(self.activations)]
         if self.kind is QuantKind.int8:
             return getattr(ops, f"q8_gemv{tail}").default(x, self.q, self.scales, bias)
         if self.kind is QuantKind.int4:

@@ -17,6 +17,7 @@ from fuelpipe.kernels.build import (
 )
 from fuelpipe.plan.panels import pack_panels
 from fuelpipe.quant.formats import QuantKind, dequantize, quantize, round_trip_activations
+from fuelpipe.quant.modules import OP_SUFFIX
 
 A16_TOL = 2e-7  # x max|result| x sqrt(K), as tests/quant/test_quant.py: the order of f32 additions only
 
@@ -95,9 +96,9 @@ def _stored_then_read_then_remeasured(path_choice, tmp_path, monkeypatch):
 BITS = pytest.mark.parametrize("bits", [16, 8], ids=lambda b: f"a{b}")  # *_a16 and *_a8 kernels
 
 
-def _a16(kind, p, x, bits=16):
+def _integer(kind, p, x, bits=16):
     ops = torch.ops.fuelpipe_kernels
-    tail = {16: "_a16", 8: "_a8"}[bits]
+    tail = OP_SUFFIX[bits]
     return getattr(ops, f"q8_gemv{tail}")(x, p.q, p.scales, None) if kind is QuantKind.int8 else \
         getattr(ops, f"q4_gemv{tail}")(x, p.q, p.scales, p.mins, None)
 
@@ -118,14 +119,14 @@ def test_every_path_computes_the_integer_product_row_by_row_at_any_thread_count(
             assert vector_path() == path
             try:
                 torch.set_num_threads(2)
-                got = _a16(kind, p, x, bits)
+                got = _integer(kind, p, x, bits)
             finally:
                 torch.set_num_threads(before)
             assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5, path
-            assert all(torch.equal(got[i], _a16(kind, p, x[i:i + 1], bits)[0]) for i in range(5)), path
+            assert all(torch.equal(got[i], _integer(kind, p, x[i:i + 1], bits)[0]) for i in range(5)), path
             try:
                 torch.set_num_threads(1)
-                assert torch.equal(_a16(kind, p, x, bits), got), path
+                assert torch.equal(_integer(kind, p, x, bits), got), path
             finally:
                 torch.set_num_threads(before)
 
@@ -143,11 +144,11 @@ def test_a_weight_row_gives_the_same_bits_in_a_tile_of_rows_and_alone(kind, k, g
     before = torch.get_num_threads()
     for path in vector_paths():
         with forced_vector_path(path):
-            alone = torch.cat([_a16(kind, _one_row(p, n), x, bits) for n in range(203)], dim=1)  # N = 1: no tile
+            alone = torch.cat([_integer(kind, _one_row(p, n), x, bits) for n in range(203)], dim=1)  # N = 1: no tile
             try:
                 for threads in (1, 2):
                     torch.set_num_threads(threads)
-                    assert torch.equal(_a16(kind, p, x, bits), alone), (path, threads)
+                    assert torch.equal(_integer(kind, p, x, bits), alone), (path, threads)
             finally:
                 torch.set_num_threads(before)
 
@@ -170,7 +171,7 @@ def test_int8_weights_of_minus_128_against_full_scale_activations_are_exact_on_e
     want = F.linear(round_trip_activations(x, 8), dequantize(p))
     for path in vector_paths():
         with forced_vector_path(path):
-            assert torch.equal(_a16(QuantKind.int8, p, x, 8), want), path
+            assert torch.equal(_integer(QuantKind.int8, p, x, 8), want), path
 
 
 @BITS
@@ -182,7 +183,7 @@ def test_a_non_finite_activation_reaches_its_row_on_every_path(kind, bits):
     x[1, 150] = float("nan")
     for path in vector_paths():
         with forced_vector_path(path):
-            out = _a16(kind, p, x, bits)
+            out = _integer(kind, p, x, bits)
         assert bool(torch.isnan(out[1]).all()) and bool(torch.isfinite(out[[0, 2]]).all()), path
 
 
@@ -204,7 +205,7 @@ def test_a_wrong_path_fails_the_tolerance_the_paths_are_held_to(kind, bits):
     dropped[:, -32:] = 0
     for path in vector_paths():
         with forced_vector_path(path):
-            got = _a16(kind, p, dropped, bits)
+            got = _integer(kind, p, dropped, bits)
         assert float((got - want).abs().max()) > A16_TOL * float(want.abs().max()) * 576 ** 0.5, path
 
 
@@ -217,9 +218,9 @@ def test_avx_vnni_gives_the_avx2_bits(kind):
     p = quantize(torch.randn(300, 1536), kind, 32)
     x = torch.randn(3, 1536)
     with forced_vector_path("avx2"):
-        avx2 = _a16(kind, p, x)
+        avx2 = _integer(kind, p, x)
     with forced_vector_path("avx_vnni"):
-        vnni = _a16(kind, p, x)
+        vnni = _integer(kind, p, x)
     assert torch.equal(avx2, vnni)
 
 

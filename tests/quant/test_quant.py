@@ -14,7 +14,7 @@ from fuelpipe.quant.formats import (
     round_trip_activations, unpack_int4,
 )
 from fuelpipe.quant.gguf_blocks import packed_from_blocks
-from fuelpipe.quant.modules import quantize_model
+from fuelpipe.quant.modules import OP_SUFFIX, quantize_model
 from models.registry import build_random_model
 
 KINDS = [QuantKind.int8, QuantKind.int4, QuantKind.bf16]
@@ -34,10 +34,10 @@ def _op(p: PackedWeight, x, bias=None):
     return ops.bf16_gemv(x, p.q, bias)
 
 
-def _op_a16(p: PackedWeight, x, bias=None, bits=16):
+def _op_integer(p: PackedWeight, x, bias=None, bits=16):
     """The integer-activation kernel of ``bits`` (16: *_a16, 8: *_a8)."""
     ops = torch.ops.fuelpipe_kernels
-    tail = {16: "_a16", 8: "_a8"}[bits]
+    tail = OP_SUFFIX[bits]
     if p.kind is QuantKind.int8:
         return getattr(ops, f"q8_gemv{tail}")(x, p.q, p.scales, bias)
     return getattr(ops, f"q4_gemv{tail}")(x, p.q, p.scales, p.mins, bias)
@@ -70,32 +70,32 @@ BITS = pytest.mark.parametrize("bits", [16, 8], ids=lambda b: f"a{b}")
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
 @pytest.mark.parametrize("n,k,group", [(37, 64, 32), (96, 256, 64), (1536, 576, 32), (64, 1536, 128), (21, 160, 32)])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_a16_kernel_equals_linear_over_the_round_tripped_activations(kind, n, k, group, rows, bits):
+def test_integer_activation_kernel_equals_linear_over_the_round_tripped_activations(kind, n, k, group, rows, bits):
     """The kernel computes F.linear(code * step, dequantize(w)): only the order of f32 additions differs."""
     torch.manual_seed(n + k + rows)
     p = quantize(torch.randn(n, k), kind, group)
     x, bias = torch.randn(2, rows, k), torch.randn(n)
     want = F.linear(round_trip_activations(x, bits), dequantize(p), bias)
-    got = _op_a16(p, x, bias, bits)
+    got = _op_integer(p, x, bias, bits)
     assert got.shape == (2, rows, n)
     assert float((got - want).abs().max()) <= A16_TOL * float(want.abs().max()) * k ** 0.5
 
 
 @BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_negative_control_the_a16_tolerance_sees_the_activation_rounding(kind, bits):
+def test_negative_control_the_integer_activation_tolerance_sees_the_activation_rounding(kind, bits):
     """The tight comparison above must fail against f32 activations: it would catch a kernel that skips
     (or misplaces) the activation quantization."""
     torch.manual_seed(3)
     p = quantize(torch.randn(1536, 576), kind, 32)
     x = torch.randn(1, 576)
     f32 = F.linear(x, dequantize(p))
-    assert float((_op_a16(p, x, None, bits) - f32).abs().max()) > A16_TOL * float(f32.abs().max()) * 576 ** 0.5
+    assert float((_op_integer(p, x, None, bits) - f32).abs().max()) > A16_TOL * float(f32.abs().max()) * 576 ** 0.5
 
 
 @BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_error_against_f32_activations_is_within_half_a_step_per_element(kind, bits):
+def test_integer_activation_error_against_f32_activations_is_within_half_a_step_per_element(kind, bits):
     """|kernel - F.linear(x, W)| <= sum_k |W[n, k]| * step(k) / 2 (+ f32 rounding): the stated bound."""
     torch.manual_seed(5)
     p = quantize(torch.randn(256, 576), kind, 32)
@@ -103,19 +103,19 @@ def test_a16_error_against_f32_activations_is_within_half_a_step_per_element(kin
     w = dequantize(p)
     _, step = quantize_activations(x, bits)  # [4, 18]
     bound = (w.abs() @ (step.repeat_interleave(32, dim=-1) / 2).T).T  # [4, 256]
-    err = (_op_a16(p, x, None, bits) - F.linear(x, w)).abs()
+    err = (_op_integer(p, x, None, bits) - F.linear(x, w)).abs()
     assert bool((err <= bound * 1.01 + 1e-4 * F.linear(x.abs(), w.abs())).all())
 
 
 @BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_row_does_not_depend_on_the_rows_beside_it(kind, bits):
+def test_integer_activation_row_does_not_depend_on_the_rows_beside_it(kind, bits):
     """A batch row equals the same row alone, bit for bit (batch_vs_solo relies on it)."""
     torch.manual_seed(7)
     p = quantize(torch.randn(300, 576), kind, 32)
     x = torch.randn(5, 576)
-    many = _op_a16(p, x, None, bits)
-    assert all(torch.equal(many[i], _op_a16(p, x[i : i + 1], None, bits)[0]) for i in range(5))
+    many = _op_integer(p, x, None, bits)
+    assert all(torch.equal(many[i], _op_integer(p, x[i : i + 1], None, bits)[0]) for i in range(5))
 
 
 @pytest.mark.parametrize("bits,levels,dtype", [(16, 32767, torch.int16), (8, 127, torch.int8)])
@@ -131,7 +131,7 @@ def test_activation_codes_are_symmetric_with_zero_and_non_finite_blocks_handled(
     assert torch.isnan(quantize_activations(bad, bits)[1][2, 1])
     for kind in INTEGER:  # the NaN / inf reaches every output of that row, as with f32 activations
         p = quantize(torch.randn(16, 96), kind, 32)
-        out = _op_a16(p, bad, None, bits)
+        out = _op_integer(p, bad, None, bits)
         assert bool(torch.isnan(out[2]).all()) and bool(torch.isfinite(out[:2]).all())
 
 
@@ -142,11 +142,11 @@ def test_activations_quantize_to_16_or_8_bits_only():
 
 @BITS
 @pytest.mark.parametrize("kind", INTEGER, ids=lambda k: k.value)
-def test_a16_kernel_takes_f32_scales_too(kind, bits):
+def test_integer_activation_kernel_takes_f32_scales_too(kind, bits):
     p = quantize(torch.randn(64, 128), kind, 32)
     wide = PackedWeight(kind, p.q, p.scales.float(), None if p.mins is None else p.mins.float())
     x = torch.randn(1, 128)
-    assert torch.allclose(_op_a16(wide, x, None, bits), _op_a16(p, x, None, bits), atol=1e-5)
+    assert torch.allclose(_op_integer(wide, x, None, bits), _op_integer(p, x, None, bits), atol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["q8_gemv_a8", "q4_gemv_a8"])
@@ -197,7 +197,7 @@ def test_quantized_modules_call_the_kernel_of_their_activation_form(activations,
     up = model.layers[0].mlp.up_proj
     assert up.activations is ActivationForm(activations)
     x = torch.randn(1, up.in_features)
-    want = {"int16": lambda: _op_a16(up.packed(), x), "int8": lambda: _op_a16(up.packed(), x, None, 8),
+    want = {"int16": lambda: _op_integer(up.packed(), x), "int8": lambda: _op_integer(up.packed(), x, None, 8),
             "f32": lambda: _op(up.packed(), x)}[activations]()
     assert torch.equal(up(x), want)
     assert activations in repr(up)
@@ -211,8 +211,8 @@ def test_kernel_takes_f32_scales_too(kind):
     assert torch.allclose(_op(wide, x), _op(p, x), atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,op", [(QuantKind.int4, _op), (QuantKind.int8, _op), (QuantKind.int4, _op_a16),
-                                     (QuantKind.int8, _op_a16)], ids=["int4", "int8", "int4-a16", "int8-a16"])
+@pytest.mark.parametrize("kind,op", [(QuantKind.int4, _op), (QuantKind.int8, _op), (QuantKind.int4, _op_integer),
+                                     (QuantKind.int8, _op_integer)], ids=["int4", "int8", "int4-a16", "int8-a16"])
 def test_kernel_result_does_not_depend_on_the_thread_count(kind, op):
     w, x = torch.randn(512, 256), torch.randn(1, 256)
     p = quantize(w, kind, 32)
